@@ -1,0 +1,323 @@
+"""The intermediate representation: ops, their tensors, and the edges between them.
+
+A :class:`Graph` is an immutable tuple of :class:`Op` records in the order of the source
+file. Data inputs name tensors as ``"producer:port"``; control inputs name ops. Every
+analysis (ordering, simulation, rewriting) is a pure function over a Graph; the integer
+adjacency they share is computed once per Graph and cached. :meth:`Graph.to_networkx`
+gives the same graph as a ``networkx.MultiDiGraph`` for ad-hoc queries.
+
+:func:`lint` checks the invariants every graph must hold (unique names, every input
+exists, ports in range, acyclic) and raises :class:`~lmscore.errors.GraphError` naming
+the first offending node.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import networkx as nx
+
+from .errors import GraphError
+
+#: Bytes per element by dtype name (TensorFlow's names without the ``DT_`` prefix).
+#: Types whose size is not a fixed element size (string, variant) are absent.
+DTYPE_BYTES: dict[str, int] = {
+    "float": 4, "double": 8, "int32": 4, "uint8": 1, "int16": 2, "int8": 1,
+    "complex64": 8, "int64": 8, "bool": 1, "qint8": 1, "quint8": 1, "qint32": 4,
+    "bfloat16": 2, "qint16": 2, "quint16": 2, "uint16": 2, "complex128": 16,
+    "half": 2, "uint32": 4, "uint64": 8, "float8_e5m2": 1, "float8_e4m3fn": 1,
+    "float8_e4m3fnuz": 1, "float8_e4m3b11fnuz": 1, "float8_e5m2fnuz": 1,
+    "int4": 1, "uint4": 1, "int2": 1, "uint2": 1, "resource": 0,
+}
+
+#: Op types that hold state for the whole step (their outputs are not transient).
+VARIABLE_OPS = frozenset({
+    "VarHandleOp", "VariableV2", "Variable", "TemporaryVariable", "_VarHandlesOp",
+})
+#: Op types whose outputs are the caller's feeds.
+FEED_OPS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault", "_Arg"})
+#: Functional control flow and calls: each is one opaque op.
+FUNCTIONAL_OPS = frozenset({
+    "While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
+    "PartitionedCall", "StatefulPartitionedCall", "For", "RemoteCall",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """Static type of one op output.
+
+    Attributes
+    ----------
+    dtype : str
+        TensorFlow dtype name without ``DT_`` (``"float"``, ``"int32"``, ``"resource"``).
+    shape : tuple of int or None
+        Dimensions as recorded in the graph, ``-1`` for an unknown dimension;
+        ``None`` when even the rank is unknown.
+    """
+
+    dtype: str
+    shape: tuple[int, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One node of the graph.
+
+    Attributes
+    ----------
+    name : str
+        Unique node name.
+    type : str
+        TensorFlow op type (``"Conv2D"``).
+    device : str
+        Requested device string, possibly empty.
+    inputs : tuple of str
+        Data inputs as tensor names ``"producer:port"``.
+    control_inputs : tuple of str
+        Names of ops that must run before this one.
+    outputs : tuple of TensorSpec
+        One spec per output port.
+    attrs : Mapping
+        The few attributes analyses need (small constant values, ``perm``...), already
+        decoded into Python values.
+    """
+
+    name: str
+    type: str
+    device: str = ""
+    inputs: tuple[str, ...] = ()
+    control_inputs: tuple[str, ...] = ()
+    outputs: tuple[TensorSpec, ...] = ()
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+
+def tensor_name(op: str, port: int = 0) -> str:
+    """Return the canonical tensor name ``"op:port"``.
+
+    >>> tensor_name("dense/MatMul")
+    'dense/MatMul:0'
+    """
+    return f"{op}:{port}"
+
+
+def split_tensor(name: str) -> tuple[str, int]:
+    """Split ``"op:port"`` (or a bare op name, port 0) into its parts.
+
+    >>> split_tensor("a/b:2"), split_tensor("a/b")
+    (('a/b', 2), ('a/b', 0))
+    """
+    op, sep, port = name.rpartition(":")
+    if sep and port.isdigit():
+        return op, int(port)
+    return name, 0
+
+
+@dataclass(frozen=True)
+class Adjacency:
+    """Integer adjacency of a graph, shared by every sweep.
+
+    Attributes
+    ----------
+    data_in : tuple of tuple of (int, int)
+        For each op, its data inputs as (producer index, port).
+    control_in : tuple of tuple of int
+        For each op, its control predecessors.
+    preds : tuple of tuple of int
+        For each op, its distinct predecessors over data and control edges.
+    succs : tuple of tuple of int
+        For each op, its distinct successors over data and control edges.
+    consumers : dict
+        ``(producer index, port) -> tuple of consumer op indices`` (data edges only).
+    """
+
+    data_in: tuple[tuple[tuple[int, int], ...], ...]
+    control_in: tuple[tuple[int, ...], ...]
+    preds: tuple[tuple[int, ...], ...]
+    succs: tuple[tuple[int, ...], ...]
+    consumers: dict[tuple[int, int], tuple[int, ...]]
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    """An immutable training-step graph.
+
+    Attributes
+    ----------
+    ops : tuple of Op
+        The ops in source order; this order breaks every tie.
+    source : str
+        Where the graph came from (a path or a description), used in messages.
+    functions : frozenset of str
+        Names of the functions of the graph's function library.
+    """
+
+    ops: tuple[Op, ...]
+    source: str = "<graph>"
+    functions: frozenset[str] = frozenset()
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    @functools.cached_property
+    def index(self) -> dict[str, int]:
+        """Map op name to its position in :attr:`ops`."""
+        idx = {op.name: i for i, op in enumerate(self.ops)}
+        if len(idx) != len(self.ops):
+            seen: set[str] = set()
+            for op in self.ops:
+                if op.name in seen:
+                    raise GraphError(f"{self.source}: duplicate node name {op.name!r}")
+                seen.add(op.name)
+        return idx
+
+    def op(self, name: str) -> Op:
+        """Return the op called ``name``.
+
+        Raises
+        ------
+        GraphError
+            If there is no such op.
+        """
+        try:
+            return self.ops[self.index[name]]
+        except KeyError:
+            raise GraphError(f"{self.source}: no node named {name!r}") from None
+
+    def spec(self, tensor: str) -> TensorSpec:
+        """Return the :class:`TensorSpec` of tensor ``"op:port"``."""
+        op_name, port = split_tensor(tensor)
+        op = self.op(op_name)
+        if port >= len(op.outputs):
+            raise GraphError(f"{self.source}: node {op_name!r} has no output {port}")
+        return op.outputs[port]
+
+    @functools.cached_property
+    def adjacency(self) -> Adjacency:
+        """Integer adjacency (computed once; raises GraphError on a dangling input)."""
+        index = self.index
+        data_in: list[tuple[tuple[int, int], ...]] = []
+        control_in: list[tuple[int, ...]] = []
+        preds: list[tuple[int, ...]] = []
+        succs: list[list[int]] = [[] for _ in self.ops]
+        consumers: dict[tuple[int, int], list[int]] = {}
+        for i, op in enumerate(self.ops):
+            ins = []
+            for t in op.inputs:
+                name, port = split_tensor(t)
+                p = index.get(name)
+                if p is None:
+                    raise GraphError(
+                        f"{self.source}: node {op.name!r} reads {t!r} but no node {name!r} exists"
+                    )
+                if port >= len(self.ops[p].outputs):
+                    raise GraphError(
+                        f"{self.source}: node {op.name!r} reads {t!r} but {name!r} has "
+                        f"{len(self.ops[p].outputs)} output(s)"
+                    )
+                ins.append((p, port))
+                consumers.setdefault((p, port), []).append(i)
+            ctl = []
+            for c in op.control_inputs:
+                p = index.get(c)
+                if p is None:
+                    raise GraphError(
+                        f"{self.source}: node {op.name!r} has a control input from {c!r} "
+                        "but no such node exists"
+                    )
+                ctl.append(p)
+            data_in.append(tuple(ins))
+            control_in.append(tuple(ctl))
+            ps = tuple(dict.fromkeys([p for p, _ in ins] + ctl))
+            preds.append(ps)
+            for p in ps:
+                succs[p].append(i)
+        return Adjacency(
+            data_in=tuple(data_in),
+            control_in=tuple(control_in),
+            preds=tuple(preds),
+            succs=tuple(tuple(s) for s in succs),
+            consumers={k: tuple(v) for k, v in consumers.items()},
+        )
+
+    def to_networkx(self) -> nx.MultiDiGraph:
+        """Return the graph as a ``networkx.MultiDiGraph``.
+
+        Nodes are op names with attributes ``type``, ``device`` and ``outputs``; data
+        edges carry ``kind="data"``, ``src_port`` and ``dst_port``; control edges carry
+        ``kind="control"``.
+        """
+        g = nx.MultiDiGraph(source=self.source)
+        for op in self.ops:
+            g.add_node(op.name, type=op.type, device=op.device, outputs=op.outputs)
+        for op in self.ops:
+            for dst_port, t in enumerate(op.inputs):
+                src, src_port = split_tensor(t)
+                g.add_edge(src, op.name, kind="data", src_port=src_port, dst_port=dst_port)
+            for c in op.control_inputs:
+                g.add_edge(c, op.name, kind="control")
+        return g
+
+    def replace(self, ops: Iterable[Op], source: str | None = None) -> Graph:
+        """Return a new graph with ``ops`` (same library), e.g. after a rewrite."""
+        return Graph(tuple(ops), self.source if source is None else source, self.functions)
+
+
+def lint(graph: Graph) -> None:
+    """Check the invariants of ``graph``.
+
+    Unique names, every data and control input names an existing op and output port,
+    and no cycle through data and control edges.
+
+    Raises
+    ------
+    GraphError
+        With a message naming the first offending node.
+    """
+    adj = graph.adjacency  # names, inputs and ports
+    indeg = [len(p) for p in adj.preds]
+    stack = [i for i, d in enumerate(indeg) if d == 0]
+    seen = 0
+    while stack:
+        i = stack.pop()
+        seen += 1
+        for s in adj.succs[i]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                stack.append(s)
+    if seen != len(graph.ops):
+        raise GraphError(f"{graph.source}: {_describe_cycle(graph, indeg)}")
+
+
+def _describe_cycle(graph: Graph, indeg: list[int]) -> str:
+    """Name the ops of one cycle among the ops Kahn's algorithm could not peel."""
+    stuck = {i for i, d in enumerate(indeg) if d > 0}
+    sub = nx.DiGraph()
+    adj = graph.adjacency
+    for i in stuck:
+        for p in adj.preds[i]:
+            if p in stuck:
+                sub.add_edge(graph.ops[p].name, graph.ops[i].name)
+    try:
+        cycle = [u for u, _ in nx.find_cycle(sub)]
+    except nx.NetworkXNoCycle:  # pragma: no cover - stuck ops always contain a cycle
+        cycle = sorted(graph.ops[i].name for i in stuck)[:5]
+    shown = " -> ".join(cycle[:6]) + (" -> ..." if len(cycle) > 6 else f" -> {cycle[0]}")
+    return f"the graph has a cycle through data/control edges: {shown}"
+
+
+@functools.cache
+def op_signatures() -> dict[str, dict[str, Any]]:
+    """Return the registered output signatures of TensorFlow ops (see ``make_opdefs.py``)."""
+    text = resources.files("lmscore.data").joinpath("opdefs.json").read_text()
+    return json.loads(text)
+
+
+def dtype_bytes(dtype: str) -> int | None:
+    """Bytes per element of ``dtype``, or None when it has no fixed size (string, variant)."""
+    return DTYPE_BYTES.get(dtype.removesuffix("_ref"))

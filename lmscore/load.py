@@ -1,0 +1,345 @@
+"""Import: GraphDef files, SavedModels, tf.functions and Keras models into the IR.
+
+This is the only module that reads TensorFlow protos. A GraphDef with ``_output_shapes``
+(what ``as_graph_def(add_shapes=True)`` writes, and what every graph exported by this
+package has) is parsed with the compiled protos that ship with TensorBoard, without
+importing TensorFlow; output dtypes come from a table of TensorFlow's op registry
+(``data/opdefs.json``). Only a GraphDef that lacks shapes, a SavedModel, a tf.function or a
+Keras model needs TensorFlow itself.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import zipfile
+from collections.abc import Iterable
+from typing import Any
+
+from google.protobuf import message, text_format
+from tensorboard.compat.proto import graph_pb2, types_pb2
+
+from .errors import GraphError
+from .ir import Graph, Op, TensorSpec, op_signatures
+
+#: Integer constants up to this many elements are decoded (shape arguments, axes, perms).
+_SMALL_CONST = 64
+_DTYPE_NAMES = {v: k[3:].lower() for k, v in types_pb2.DataType.items()}
+#: Attributes naming library functions, kept so functional ops can be described.
+_FUNC_ATTRS = ("f", "body", "cond", "then_branch", "else_branch", "branches")
+
+
+def load(path: str | os.PathLike[str], *, function: str | None = None) -> Graph:
+    """Load a training step from a file or directory.
+
+    Parameters
+    ----------
+    path : path-like
+        A GraphDef (``.pb`` binary, ``.pbtxt`` text), a SavedModel directory, or a
+        ``.zip`` of a SavedModel directory.
+    function : str, optional
+        For a SavedModel: the attribute or signature to load (default: ``train_step``
+        if the model has one, else its only signature).
+
+    Returns
+    -------
+    Graph
+
+    Raises
+    ------
+    GraphError
+        If the path is missing or does not hold a usable graph; the message names it.
+    """
+    p = pathlib.Path(path)
+    if p.is_dir():
+        return _load_saved_model(p, function)
+    if not p.exists():
+        raise GraphError(f"{p}: no such file or directory")
+    if zipfile.is_zipfile(p):
+        return _load_zipped_saved_model(p, function)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise GraphError(f"{p}: cannot read ({e.strerror})") from None
+    text = p.suffix in (".pbtxt", ".txt", ".prototxt")
+    return from_graphdef_bytes(data, source=str(p), text=text)
+
+
+def from_graphdef_bytes(data: bytes, *, source: str = "<bytes>", text: bool | None = None) -> Graph:
+    """Build the IR from a serialized GraphDef.
+
+    Parameters
+    ----------
+    data : bytes
+        Binary or text protobuf.
+    source : str
+        Name used in messages.
+    text : bool, optional
+        Force text (True) or binary (False) parsing; by default binary is tried first.
+
+    Returns
+    -------
+    Graph
+    """
+    gd = _parse(data, source, text)
+    if len(gd.node) == 0:
+        raise GraphError(f"{source}: not a training graph: the GraphDef has no nodes")
+    if any(not n.attr["_output_shapes"].list.shape for n in gd.node if _has_outputs(n)):
+        gd = _add_shapes_with_tensorflow(gd, source)
+    return from_graphdef(gd, source=source)
+
+
+def _has_outputs(node: Any) -> bool:
+    sig = op_signatures().get(node.op)
+    return sig is None or bool(sig["out"])
+
+
+def _parse(data: bytes, source: str, text: bool | None) -> Any:
+    gd = graph_pb2.GraphDef()
+    if text is not True:
+        try:
+            gd.ParseFromString(data)
+            if len(gd.node) or text is False or not data:
+                return gd
+        except message.DecodeError:
+            if text is False:
+                raise GraphError(
+                    f"{source}: not a GraphDef (corrupt or truncated protobuf)"
+                ) from None
+    try:
+        return text_format.Parse(data.decode("utf-8"), graph_pb2.GraphDef())
+    except (text_format.ParseError, UnicodeDecodeError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        kind = "text" if text else "binary or text"
+        raise GraphError(f"{source}: not a GraphDef ({kind} protobuf): {why}") from None
+
+
+def from_graphdef(gd: Any, *, source: str = "<graphdef>") -> Graph:
+    """Build the IR from a parsed ``GraphDef`` message (TensorBoard's or TensorFlow's)."""
+    sigs = op_signatures()
+    ops = []
+    for node in gd.node:
+        name = node.name
+        if not name:
+            raise GraphError(f"{source}: a node has an empty name")
+        if not node.op:
+            raise GraphError(f"{source}: node {name!r} has no op type")
+        attr = node.attr
+        data_in: list[str] = []
+        control_in: list[str] = []
+        for t in node.input:
+            if t.startswith("^"):
+                control_in.append(t[1:])
+            elif ":" in t:
+                data_in.append(t)
+            else:
+                data_in.append(t + ":0")
+        shapes = _shapes(attr)
+        dtypes = _output_dtypes(node, sigs.get(node.op), len(shapes) if shapes else None)
+        if shapes is None:
+            shapes = [None] * len(dtypes)
+        elif len(shapes) != len(dtypes):
+            # Unknown op or odd attrs: trust the recorded shapes for the arity.
+            dtypes = (dtypes + ["unknown"] * len(shapes))[: len(shapes)]
+        outputs = tuple(TensorSpec(d, s) for d, s in zip(dtypes, shapes, strict=True))
+        ops.append(Op(
+            name=name,
+            type=node.op,
+            device=node.device,
+            inputs=tuple(data_in),
+            control_inputs=tuple(control_in),
+            outputs=outputs,
+            attrs=_small_attrs(node),
+        ))
+    functions = frozenset(f.signature.name for f in gd.library.function)
+    graph = Graph(tuple(ops), source, functions)
+    graph.adjacency  # noqa: B018 - validate names, inputs and ports now, with the file named
+    return graph
+
+
+def _shapes(attr: Any) -> list[tuple[int, ...] | None] | None:
+    if "_output_shapes" not in attr:
+        return None
+    out: list[tuple[int, ...] | None] = []
+    for s in attr["_output_shapes"].list.shape:
+        out.append(None if s.unknown_rank else tuple(d.size for d in s.dim))
+    return out
+
+
+def _output_dtypes(node: Any, sig: dict[str, Any] | None, n_shapes: int | None) -> list[str]:
+    attr = node.attr
+    if sig is None:
+        guess = next((k for k in ("T", "dtype", "out_type", "Tout") if k in attr), None)
+        dt = _DTYPE_NAMES.get(attr[guess].type, "unknown") if guess else "unknown"
+        return [dt] * (n_shapes if n_shapes is not None else 1)
+    out: list[str] = []
+    for arg in sig["out"]:
+        ref = arg.endswith("&")
+        arg = arg.rstrip("&")
+        count = 1
+        if "*" in arg and not arg.startswith("*"):
+            num, arg = arg.split("*", 1)
+            count = attr[num].i if num in attr else 0
+        if arg.startswith("*"):
+            out.extend(_DTYPE_NAMES.get(t, "unknown") for t in attr[arg[1:]].list.type)
+            continue
+        if arg.startswith("@"):
+            key, _, default = arg[1:].partition("=")
+            if key in attr:
+                dt = _DTYPE_NAMES.get(attr[key].type, "unknown")
+            else:
+                dt = default or "unknown"
+        else:
+            dt = arg
+        out.extend([dt + ("_ref" if ref else "")] * count)
+    return out
+
+
+def _small_attrs(node: Any) -> dict[str, Any]:
+    """Decode the few attributes analyses use; everything else stays in the source file."""
+    attr = node.attr
+    out: dict[str, Any] = {}
+    if node.op == "Const" and "value" in attr:
+        t = attr["value"].tensor
+        out["const_shape"] = tuple(d.size for d in t.tensor_shape.dim)
+        value = _small_int_tensor(t)
+        if value is not None:
+            out["value"] = value
+    for key in ("shape", "dtype"):
+        if key in attr and node.op in ("VarHandleOp", "VariableV2", "Placeholder"):
+            a = attr[key]
+            out[key] = (
+                tuple(d.size for d in a.shape.dim) if key == "shape" else _DTYPE_NAMES.get(a.type)
+            )
+    for key in _FUNC_ATTRS:
+        if key in attr:
+            a = attr[key]
+            names = [f.name for f in a.list.func] if a.list.func else [a.func.name]
+            out[key] = tuple(n for n in names if n)
+    for key in ("transpose_a", "transpose_b", "adj_x", "adj_y", "N", "axis"):
+        if key in attr and attr[key].WhichOneof("value") in ("b", "i"):
+            out[key] = getattr(attr[key], attr[key].WhichOneof("value"))
+    return out
+
+
+def _small_int_tensor(t: Any) -> tuple[int | float, ...] | None:
+    """Values of a small integer constant, or of a scalar floating-point constant."""
+    if t.dtype in (types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE):
+        if any(d.size != 1 for d in t.tensor_shape.dim):
+            return None
+        vals = list(t.float_val if t.dtype == types_pb2.DT_FLOAT else t.double_val)
+        if t.tensor_content:
+            import numpy as np
+
+            dt = np.float32 if t.dtype == types_pb2.DT_FLOAT else np.float64
+            vals = [float(v) for v in np.frombuffer(t.tensor_content, dtype=dt)]
+        return (float(vals[0]),) if vals else (0.0,)
+    if t.dtype not in (types_pb2.DT_INT32, types_pb2.DT_INT64):
+        return None
+    n = 1
+    for d in t.tensor_shape.dim:
+        n *= d.size
+    if n > _SMALL_CONST:
+        return None
+    if t.tensor_content:
+        import numpy as np
+
+        dt = np.int32 if t.dtype == types_pb2.DT_INT32 else np.int64
+        return tuple(int(v) for v in np.frombuffer(t.tensor_content, dtype=dt))
+    vals = list(t.int_val if t.dtype == types_pb2.DT_INT32 else t.int64_val)
+    if not vals:
+        return (0,) * n
+    if len(vals) < n:  # TensorFlow repeats the last value to fill the shape
+        vals += [vals[-1]] * (n - len(vals))
+    return tuple(int(v) for v in vals)
+
+
+def _add_shapes_with_tensorflow(gd: Any, source: str) -> Any:
+    """Run TensorFlow's shape inference on a GraphDef that lacks ``_output_shapes``."""
+    from . import tfgraph
+
+    data = tfgraph.graphdef_with_shapes(gd.SerializeToString(), source=source)
+    out = graph_pb2.GraphDef()
+    out.ParseFromString(data)
+    return out
+
+
+def _load_saved_model(path: pathlib.Path, function: str | None) -> Graph:
+    if not (path / "saved_model.pb").exists() and not (path / "saved_model.pbtxt").exists():
+        raise GraphError(f"{path}: not a SavedModel directory (no saved_model.pb)")
+    from . import tfgraph
+
+    data = tfgraph.graphdef_from_saved_model(str(path), function)
+    return from_graphdef_bytes(data, source=str(path), text=False)
+
+
+def _load_zipped_saved_model(path: pathlib.Path, function: str | None) -> Graph:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="lms-savedmodel-") as tmp:
+        root = pathlib.Path(tmp).resolve()
+        try:
+            with zipfile.ZipFile(path) as zf:
+                for info in zf.infolist():
+                    target = (root / info.filename).resolve()
+                    if not target.is_relative_to(root):
+                        raise GraphError(
+                            f"{path}: zip member {info.filename!r} escapes the archive"
+                        )
+                zf.extractall(root)
+        except (zipfile.BadZipFile, OSError) as e:
+            raise GraphError(f"{path}: unreadable zip archive ({e})") from None
+        candidates = sorted(p.parent for p in root.rglob("saved_model.pb"))
+        if not candidates:
+            raise GraphError(f"{path}: the zip archive holds no SavedModel (no saved_model.pb)")
+        graph = _load_saved_model(candidates[0], function)
+    return graph.replace(graph.ops, source=str(path))
+
+
+def from_function(fn: Any, *specs: Any) -> Graph:
+    """Import a ``tf.function`` (traced with ``specs``) or a ConcreteFunction.
+
+    Parameters
+    ----------
+    fn : tf.function or ConcreteFunction
+        The training step.
+    *specs : tf.TensorSpec
+        Input signature when ``fn`` is a polymorphic ``tf.function``.
+
+    Returns
+    -------
+    Graph
+    """
+    from . import tfgraph
+
+    data = tfgraph.graphdef_from_function(fn, *specs)
+    return from_graphdef_bytes(data, source=getattr(fn, "__name__", "<function>"), text=False)
+
+
+def from_keras(model: Any, loss: Any, optimizer: Any, x_spec: Any, y_spec: Any) -> Graph:
+    """Import a Keras model as a custom-training-loop step (forward, gradients, update).
+
+    Parameters
+    ----------
+    model : keras.Model
+    loss : callable
+        ``loss(y_true, y_pred)``, e.g. a ``keras.losses.Loss``.
+    optimizer : keras.optimizers.Optimizer
+    x_spec, y_spec : tf.TensorSpec
+        Input and label specs, batch dimension ``None``.
+
+    Returns
+    -------
+    Graph
+    """
+    from . import tfgraph
+
+    data = tfgraph.graphdef_from_keras(model, loss, optimizer, x_spec, y_spec)
+    return from_graphdef_bytes(data, source=getattr(model, "name", "<keras model>"), text=False)
+
+
+def iter_tensors(graph: Graph) -> Iterable[tuple[str, TensorSpec]]:
+    """Yield ``("op:port", spec)`` for every output of every op, in source order."""
+    for op in graph.ops:
+        for port, spec in enumerate(op.outputs):
+            yield f"{op.name}:{port}", spec

@@ -1,0 +1,415 @@
+"""Memory simulator: device and host curves over the CTO levels.
+
+The simulation is "first and last use, then one sweep over events":
+
+1. Map every tensor to a *buffer*. Ops that return a view of their input (``Identity``,
+   ``Reshape``, ``ReadVariableOp``...) share their input's buffer. Elementwise kernels
+   that TensorFlow lets overwrite their input (``forward_input_or_allocate_output``:
+   ``Relu``, ``AddV2``, ``BiasAdd``, ``ReluGrad``...) reuse the buffer of an input of the
+   same shape and dtype when they are its last reader.
+2. A buffer is allocated when its producer runs and freed after its last reader has run
+   (a buffer nobody reads is freed right after its producer). Variables and constants are
+   persistent; feeds are held by the caller for the whole step.
+3. Sweep the levels: allocate what each level produces, note the live bytes, free what
+   it was the last reader of.
+
+Ops placed on the host (swap-outs of a rewritten graph) allocate on the host curve.
+Tensors of unknown size count 0 bytes and are reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .ir import FEED_OPS, VARIABLE_OPS, Graph
+from .order import BACKWARD, FORWARD, Ordering, order
+from .shapes import Sizes, resolve
+
+#: Ops whose output ``k`` is a view of input ``k`` (0 for single-output ops).
+ALIAS_OPS = frozenset({
+    "Identity", "IdentityN", "StopGradient", "PreventGradient", "Reshape", "Squeeze",
+    "ExpandDims", "Snapshot", "EnsureShape", "Bitcast", "CheckNumerics",
+    "ReadVariableOp", "_Retval",
+})
+#: Kernels that write their output into an input buffer when nobody else holds it.
+FORWARDING_OPS = frozenset({
+    # unary cwise
+    "Abs", "Neg", "Sign", "Reciprocal", "Inv", "Square", "Sqrt", "Rsqrt", "Exp", "Expm1",
+    "Log", "Log1p", "Sin", "Cos", "Tan", "Tanh", "Sigmoid", "Erf", "Erfc", "Floor", "Ceil",
+    "Round", "Rint", "Relu", "Relu6", "Elu", "Selu", "Softplus", "Softsign", "LeakyRelu",
+    "LogicalNot", "IsFinite", "Cast",
+    # binary cwise
+    "Add", "AddV2", "Sub", "Mul", "MulNoNan", "Div", "RealDiv", "DivNoNan", "FloorDiv",
+    "FloorMod", "TruncateDiv", "Maximum", "Minimum", "Pow", "SquaredDifference",
+    "Atan2", "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual",
+    "LogicalAnd", "LogicalOr", "BiasAdd", "AddN",
+    # activation gradients
+    "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "SigmoidGrad", "TanhGrad",
+    "SoftplusGrad", "SoftsignGrad", "LeakyReluGrad", "RsqrtGrad", "SqrtGrad",
+    "ReciprocalGrad",
+})
+
+_DEVICE, _HOST = 0, 1
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One allocation of the simulation.
+
+    Attributes
+    ----------
+    tensor : str
+        The tensor that allocated it (``"op:port"``); views and in-place results share it.
+    bytes : int
+        Its size (0 when unknown).
+    start : int
+        Level at which it is allocated.
+    end : int
+        Last level at which it is alive (its last reader's level).
+    producer : int
+        Index of the producing op.
+    readers : tuple of int
+        Indices of the ops that read it (through any view), sorted by level.
+    host : bool
+        True if it lives in host memory.
+    """
+
+    tensor: str
+    bytes: int
+    start: int
+    end: int
+    producer: int
+    readers: tuple[int, ...]
+    host: bool = False
+
+    @property
+    def distance(self) -> int:
+        """Levels between allocation and last use."""
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class LiveTensor:
+    """A buffer alive at some level, as shown in the hotspot table.
+
+    Attributes
+    ----------
+    tensor : str
+        Name ``"op:port"``.
+    bytes : int
+    producer_level : int
+    last_use_level : int
+    distance : int
+    category : str
+        Category of the producing op.
+    swappable : bool
+        Whether it is a swap candidate (design: produced on the accelerator by an op that
+        is not a constant, variable or feed; rank >= 2; read after a gap).
+    reason : str
+        Why it is not swappable (empty when it is).
+    """
+
+    tensor: str
+    bytes: int
+    producer_level: int
+    last_use_level: int
+    distance: int
+    category: str
+    swappable: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """Result of :func:`simulate`.
+
+    Attributes
+    ----------
+    device_curve : tuple of int
+        Peak device bytes within each level (persistent + feeds + transient).
+    host_curve : tuple of int
+        Peak host bytes within each level (swapped tensors).
+    peak_bytes : int
+        Maximum of ``device_curve``.
+    peak_level : int
+        First level where it is reached.
+    persistent_bytes : int
+        Variables (including optimizer state) and constants, held for the whole step.
+    input_bytes : int
+        Feeds, held by the caller for the whole step.
+    transient_peak_bytes : int
+        ``peak_bytes - persistent_bytes - input_bytes``.
+    host_peak_bytes : int
+        Maximum of ``host_curve``.
+    buffers : tuple of Buffer
+        Every transient allocation, in order of allocation.
+    unknown_size_tensors : tuple of str
+        Tensors whose size is unknown (counted as 0 bytes).
+    batch_size : int
+    """
+
+    device_curve: tuple[int, ...]
+    host_curve: tuple[int, ...]
+    peak_bytes: int
+    peak_level: int
+    persistent_bytes: int
+    input_bytes: int
+    transient_peak_bytes: int
+    host_peak_bytes: int
+    buffers: tuple[Buffer, ...]
+    unknown_size_tensors: tuple[str, ...]
+    batch_size: int
+
+
+def is_host_op(op_device: str, op_attrs: dict) -> bool:
+    """Whether an op runs on the host: it is marked as a swap-out by a rewrite."""
+    return op_attrs.get("_lms_role") == "swap_out"
+
+
+def simulate(
+    graph: Graph,
+    batch_size: int,
+    *,
+    sizes: Sizes | None = None,
+    host_op: Callable[[str, dict], bool] = is_host_op,
+) -> Simulation:
+    """Simulate the memory of one training step, level by level.
+
+    Parameters
+    ----------
+    graph : Graph
+    batch_size : int
+        Fills unknown batch dimensions.
+    sizes : Sizes, optional
+        Precomputed :func:`lmscore.shapes.resolve` result for this graph and batch.
+    host_op : callable, optional
+        ``host_op(device, attrs)`` says whether an op allocates on the host.
+
+    Returns
+    -------
+    Simulation
+
+    Examples
+    --------
+    >>> from lmscore.ir import Graph, Op, TensorSpec
+    >>> f = (TensorSpec("float", (-1, 256)),)
+    >>> g = Graph((Op("x", "Placeholder", outputs=f),
+    ...            Op("a", "MatMul", inputs=("x:0", "x:0"), outputs=f),
+    ...            Op("b", "Tanh", inputs=("a:0",), outputs=f)))
+    >>> sim = simulate(g, 1)
+    >>> sim.device_curve, sim.input_bytes   # Tanh reuses the MatMul output buffer
+    ((1024, 2048, 2048), 1024)
+    """
+    ordering = order(graph)
+    if sizes is None:
+        sizes = resolve(graph, batch_size)
+    buffers, persistent, feeds = _buffers(graph, ordering, sizes, host_op)
+    n_levels = ordering.num_levels
+    dev_alloc = [0] * (n_levels + 1)
+    dev_free = [0] * (n_levels + 1)
+    host_alloc = [0] * (n_levels + 1)
+    host_free = [0] * (n_levels + 1)
+    for b in buffers:
+        if b.host:
+            host_alloc[b.start] += b.bytes
+            host_free[b.end] += b.bytes
+        else:
+            dev_alloc[b.start] += b.bytes
+            dev_free[b.end] += b.bytes
+    base = persistent + feeds
+    device_curve: list[int] = []
+    host_curve: list[int] = []
+    live = host_live = 0
+    for level in range(n_levels):
+        live += dev_alloc[level]
+        host_live += host_alloc[level]
+        device_curve.append(base + live)
+        host_curve.append(host_live)
+        live -= dev_free[level]
+        host_live -= host_free[level]
+    peak = max(device_curve, default=base)
+    peak_level = device_curve.index(peak) if device_curve else 0
+    return Simulation(
+        device_curve=tuple(device_curve),
+        host_curve=tuple(host_curve),
+        peak_bytes=peak,
+        peak_level=peak_level,
+        persistent_bytes=persistent,
+        input_bytes=feeds,
+        transient_peak_bytes=peak - base,
+        host_peak_bytes=max(host_curve, default=0),
+        buffers=tuple(buffers),
+        unknown_size_tensors=sizes.unknown,
+        batch_size=sizes.batch_size,
+    )
+
+
+def _buffers(
+    graph: Graph,
+    ordering: Ordering,
+    sizes: Sizes,
+    host_op: Callable[[str, dict], bool],
+) -> tuple[list[Buffer], int, int]:
+    """Assign tensors to buffers; return the transient buffers, persistent and feed bytes."""
+    ops = graph.ops
+    adj = graph.adjacency
+    level = ordering.levels
+    consumers = adj.consumers
+    nbytes = sizes.nbytes
+    # Buffer of each tensor: id into the parallel lists below.
+    owner: dict[tuple[int, int], int] = {}
+    root: list[tuple[int, int]] = []
+    kind: list[str] = []  # "transient", "persistent", "feed"
+    readers: list[list[int]] = []
+    members: list[list[tuple[int, int]]] = []  # tensors that are views of each buffer
+    persistent = sum(b for b in sizes.variable_bytes.values() if b > 0)
+    feeds = 0
+
+    def new_buffer(tensor: tuple[int, int], k: str) -> int:
+        root.append(tensor)
+        kind.append(k)
+        readers.append([])
+        members.append([tensor])
+        return len(root) - 1
+
+    for i in ordering.topo:
+        op = ops[i]
+        ins = adj.data_in[i]
+        for t in ins:
+            readers[owner[t]].append(i)
+        for port, spec in enumerate(op.outputs):
+            t = (i, port)
+            if op.type in ALIAS_OPS and ins:
+                src = ins[port] if op.type == "IdentityN" and port < len(ins) else ins[0]
+                owner[t] = owner[src]
+                members[owner[t]].append(t)
+                continue
+            if op.type in FEED_OPS:
+                owner[t] = new_buffer(t, "persistent" if spec.dtype == "resource" else "feed")
+                if spec.dtype != "resource":
+                    feeds += max(nbytes[i][port], 0)
+                continue
+            if op.type in VARIABLE_OPS:
+                owner[t] = new_buffer(t, "persistent")
+                continue
+            if op.type == "Const":
+                owner[t] = new_buffer(t, "persistent")
+                persistent += max(nbytes[i][port], 0)
+                continue
+            if port == 0 and op.type in FORWARDING_OPS:
+                b = _forwardable(graph, sizes, level, consumers, i, owner, kind, members)
+                if b is not None:
+                    owner[t] = b
+                    members[b].append(t)
+                    continue
+            owner[t] = new_buffer(t, "transient")
+    out: list[Buffer] = []
+    for b, (p, port) in enumerate(root):
+        if kind[b] != "transient":
+            continue
+        rs = sorted(set(readers[b]), key=lambda r: (level[r], r))
+        start = level[p]
+        end = max((level[r] for r in rs), default=start)
+        op = ops[p]
+        out.append(Buffer(
+            tensor=f"{op.name}:{port}",
+            bytes=max(nbytes[p][port], 0),
+            start=start,
+            end=end,
+            producer=p,
+            readers=tuple(rs),
+            host=host_op(op.device, dict(op.attrs)),
+        ))
+    return out, persistent, feeds
+
+
+def _forwardable(
+    graph: Graph,
+    sizes: Sizes,
+    level: tuple[int, ...],
+    consumers: dict[tuple[int, int], tuple[int, ...]],
+    i: int,
+    owner: dict[tuple[int, int], int],
+    kind: list[str],
+    members: list[list[tuple[int, int]]],
+) -> int | None:
+    """Buffer of an input that op ``i`` may overwrite in place, or None.
+
+    TensorFlow forwards an input when its buffer has no other reference: here, when the
+    input is transient, has the output's shape and dtype, is read once by op ``i``, and
+    every other reader of any view of its buffer runs at an earlier level.
+    """
+    out_shape = sizes.shapes[i][0]
+    out_dtype = graph.ops[i].outputs[0].dtype
+    if out_shape is None or -1 in out_shape:
+        return None
+    li = level[i]
+    ins = graph.adjacency.data_in[i]
+    for src in ins:
+        b = owner[src]
+        if kind[b] != "transient":
+            continue
+        p, port = src
+        if sizes.shapes[p][port] != out_shape or graph.ops[p].outputs[port].dtype != out_dtype:
+            continue
+        if sum(1 for s in ins if owner[s] == b) > 1:
+            continue
+        if all(
+            c == i or level[c] < li for t in members[b] for c in consumers.get(t, ())
+        ):
+            return b
+    return None
+
+
+def live_at(sim: Simulation, level: int) -> tuple[Buffer, ...]:
+    """Buffers alive at ``level``, largest first (ties: allocation order)."""
+    live = [b for b in sim.buffers if b.start <= level <= b.end and not b.host]
+    return tuple(sorted(live, key=lambda b: -b.bytes))
+
+
+def hotspots(
+    graph: Graph, sim: Simulation, level: int | None = None, *, limit: int | None = None
+) -> tuple[LiveTensor, ...]:
+    """The tensors alive at ``level`` (default: the peak), largest first.
+
+    Parameters
+    ----------
+    graph : Graph
+    sim : Simulation
+    level : int, optional
+    limit : int, optional
+        Keep only the largest ``limit`` tensors.
+
+    Returns
+    -------
+    tuple of LiveTensor
+    """
+    ordering = order(graph)
+    lvl = sim.peak_level if level is None else level
+    rows = []
+    for b in live_at(sim, lvl)[:limit]:
+        shape = graph.ops[b.producer].outputs[int(b.tensor.rpartition(":")[2])].shape
+        category = ordering.categories[b.producer]
+        reason = _not_swappable(category, shape, b)
+        rows.append(LiveTensor(
+            tensor=b.tensor,
+            bytes=b.bytes,
+            producer_level=b.start,
+            last_use_level=b.end,
+            distance=b.distance,
+            category=category,
+            swappable=not reason,
+            reason=reason,
+        ))
+    return tuple(rows)
+
+
+def _not_swappable(category: str, shape: tuple[int, ...] | None, b: Buffer) -> str:
+    if category not in (FORWARD, BACKWARD):
+        return f"{category} tensor"
+    if shape is None or len(shape) < 2:
+        return "rank < 2"
+    if b.distance < 2:
+        return "no gap between producer and last reader"
+    return ""

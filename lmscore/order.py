@@ -1,0 +1,369 @@
+"""Categorized topological ordering (CTO): levels, categories and edge distances.
+
+Levels come from Kahn peeling over data and control edges: level 0 holds the ops with no
+predecessors, level k the ops whose predecessors all lie in levels < k. Ops in one level
+are independent. The distance of an edge is ``level(consumer) - level(producer)``.
+
+Categories are derived from the structure of the step, never from names:
+
+- ``input``: the caller's feeds (non-resource placeholders, iterator reads);
+- ``persistent``: variables, constants and plain reads of them;
+- ``update``: ops that write variables, and the optimizer arithmetic whose only use is to
+  feed those writes and that reads optimizer state;
+- ``forward``: the ancestors of the loss, where the loss is the floating-point op that
+  depends on the inputs but feeds no variable write through its values (gradients are
+  seeded by a constant or a shape-only op such as ``OnesLike``);
+- ``backward``: everything else that leads to the writes: the gradient computation.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+from dataclasses import dataclass
+
+from .errors import GraphError
+from .ir import FEED_OPS, VARIABLE_OPS, Graph, op_signatures
+
+INPUT, PERSISTENT, FORWARD, BACKWARD, UPDATE = (
+    "input", "persistent", "forward", "backward", "update",
+)
+#: Display order of the categories (one lane each in the ordering view).
+CATEGORIES = (INPUT, PERSISTENT, FORWARD, BACKWARD, UPDATE)
+
+#: Ops whose outputs depend only on the shape of their inputs, not on their values.
+SHAPE_ONLY_OPS = frozenset({
+    "Shape", "ShapeN", "Size", "Rank", "OnesLike", "ZerosLike", "BroadcastGradientArgs",
+    "VariableShape", "TensorListLength", "TensorListElementShape",
+})
+#: Ops that read a resource without writing it.
+RESOURCE_READS = frozenset({
+    "ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape",
+    "VarIsInitializedOp", "DestroyResourceOp", "_ReadVariablesOp",
+})
+_ITERATOR_OPS = frozenset({"IteratorGetNext", "IteratorGetNextSync", "_Recv", "_HostRecv"})
+_FLOATS = frozenset({"float", "double", "half", "bfloat16"})
+
+
+@dataclass(frozen=True)
+class Ordering:
+    """Result of :func:`order`.
+
+    Attributes
+    ----------
+    levels : tuple of int
+        Level of each op (indexed like ``graph.ops``).
+    by_level : tuple of tuple of int
+        Op indices of each level, in source order.
+    topo : tuple of int
+        A topological order of all ops (level by level, source order within a level).
+    categories : tuple of str
+        Category of each op.
+    loss : str or None
+        Name of the op identified as the loss, if the graph trains.
+    """
+
+    levels: tuple[int, ...]
+    by_level: tuple[tuple[int, ...], ...]
+    topo: tuple[int, ...]
+    categories: tuple[str, ...]
+    loss: str | None
+
+    @property
+    def num_levels(self) -> int:
+        """Number of levels."""
+        return len(self.by_level)
+
+
+def levels(graph: Graph) -> tuple[int, ...]:
+    """Kahn level of every op over data and control edges.
+
+    Raises
+    ------
+    GraphError
+        If the graph has a cycle (the message names its ops).
+
+    Examples
+    --------
+    >>> from lmscore.ir import Graph, Op, TensorSpec
+    >>> f = (TensorSpec("float", (2,)),)
+    >>> g = Graph((Op("a", "Placeholder", outputs=f), Op("b", "Relu", inputs=("a:0",), outputs=f),
+    ...            Op("c", "AddV2", inputs=("a:0", "b:0"), outputs=f)))
+    >>> levels(g)
+    (0, 1, 2)
+    """
+    return _levels(graph)[0]
+
+
+def _levels(graph: Graph) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    adj = graph.adjacency
+    preds, succs = adj.preds, adj.succs
+    n = len(graph.ops)
+    indeg = [len(p) for p in preds]
+    level = [0] * n
+    queue = deque(i for i in range(n) if indeg[i] == 0)
+    topo: list[int] = []
+    while queue:
+        i = queue.popleft()
+        topo.append(i)
+        li = level[i] + 1
+        for s in succs[i]:
+            if level[s] < li:
+                level[s] = li
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                queue.append(s)
+    if len(topo) != n:
+        from .ir import _describe_cycle
+
+        raise GraphError(f"{graph.source}: {_describe_cycle(graph, indeg)}")
+    return tuple(level), tuple(topo)
+
+
+@functools.lru_cache(maxsize=8)
+def order(graph: Graph) -> Ordering:
+    """Compute the categorized topological ordering of ``graph``.
+
+    Parameters
+    ----------
+    graph : Graph
+
+    Returns
+    -------
+    Ordering
+        Levels, ops per level, a topological order and categories.
+    """
+    lv, _ = _levels(graph)
+    by_level: list[list[int]] = [[] for _ in range(max(lv, default=-1) + 1)]
+    for i, lvl in enumerate(lv):
+        by_level[lvl].append(i)
+    topo = tuple(i for ops in by_level for i in ops)
+    cats, loss = _categories(graph, topo)
+    return Ordering(lv, tuple(tuple(o) for o in by_level), topo, cats, loss)
+
+
+def distance(ordering: Ordering, producer: int, consumer: int) -> int:
+    """Level distance of the edge ``producer -> consumer`` (op indices)."""
+    return ordering.levels[consumer] - ordering.levels[producer]
+
+
+def _is_write(op_type: str, input_dtypes: list[str]) -> bool:
+    sig = op_signatures().get(op_type)
+    if op_type in RESOURCE_READS:
+        return False
+    if sig is not None and any(a.endswith("&") for a in sig["in"]):
+        return bool(sig["stateful"]) or op_type.startswith(("Assign", "Apply", "Scatter"))
+    return "resource" in input_dtypes and (
+        op_type.startswith(("Assign", "ResourceApply", "ResourceSparseApply", "ResourceScatter"))
+        or (sig is not None and sig["stateful"] and not sig["out"])
+    )
+
+
+def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], str | None]:
+    ops = graph.ops
+    adj = graph.adjacency
+    n = len(ops)
+    cat: list[str | None] = [None] * n
+
+    def in_dtypes(i: int) -> list[str]:
+        return [ops[p].outputs[port].dtype for p, port in adj.data_in[i]]
+
+    # Feeds, state and reads of state.
+    for i in topo:
+        op = ops[i]
+        out_dt = op.outputs[0].dtype if op.outputs else ""
+        if op.type in FEED_OPS:
+            cat[i] = PERSISTENT if out_dt == "resource" else INPUT
+        elif op.type in _ITERATOR_OPS:
+            cat[i] = INPUT
+        elif op.type in VARIABLE_OPS or op.type == "Const":
+            cat[i] = PERSISTENT
+        elif op.type in RESOURCE_READS and op.type != "ResourceGather" and all(
+            cat[p] == PERSISTENT for p, _ in adj.data_in[i]
+        ):
+            cat[i] = PERSISTENT
+        elif op.type in ("Identity", "IdentityN") and adj.data_in[i] and all(
+            cat[p] == PERSISTENT for p, _ in adj.data_in[i]
+        ):
+            cat[i] = PERSISTENT
+    # Value flow from the feeds (shape-only ops cut it: their outputs ignore values).
+    from_input = [False] * n
+    for i in topo:
+        if cat[i] == INPUT:
+            from_input[i] = True
+        elif cat[i] is None and ops[i].type not in SHAPE_ONLY_OPS:
+            from_input[i] = any(from_input[p] for p, _ in adj.data_in[i])
+    # Writes, then the arithmetic whose only use is to feed writes and that computes on
+    # optimizer state rather than on the data (step counters, bias corrections, moments).
+    reads_state = [
+        any(
+            ops[p].type in RESOURCE_READS or ops[p].outputs[port].dtype == "resource"
+            for p, port in adj.data_in[i]
+        )
+        for i in range(n)
+    ]
+    only_writes = [False] * n  # every path from the op ends in a write
+    for i in reversed(topo):
+        if cat[i] is None:
+            succ = adj.succs[i]
+            only_writes[i] = _is_write(ops[i].type, in_dtypes(i)) or (
+                bool(succ) and all(only_writes[s] for s in succ)
+            )
+    update = [False] * n
+    for i in topo:
+        if cat[i] is None and only_writes[i]:
+            update[i] = (
+                _is_write(ops[i].type, in_dtypes(i))
+                or not from_input[i]
+                or reads_state[i]
+                or all(update[p] or cat[p] == PERSISTENT for p, _ in adj.data_in[i])
+            )
+    for i in topo:  # control-only joins after writes (the step's final NoOp)
+        if cat[i] is None and not ops[i].outputs and not adj.data_in[i] and any(
+            update[p] for p in adj.preds[i]
+        ):
+            update[i] = True
+    for i in range(n):
+        if update[i]:
+            cat[i] = UPDATE
+
+    # Which ops feed a write through their values (the forward and backward passes).
+    feeds_write = [False] * n
+    consumers = adj.consumers
+    for i in reversed(topo):
+        if cat[i] is not None:
+            continue
+        hit = False
+        for port in range(len(ops[i].outputs)):
+            for c in consumers.get((i, port), ()):
+                if update[c] or (feeds_write[c] and ops[c].type not in SHAPE_ONLY_OPS):
+                    hit = True
+                    break
+            if hit:
+                break
+        feeds_write[i] = hit
+
+    loss = None
+    from_seed = [False] * n
+    meets_seed = [False] * n
+    if any(update):
+        seed = _find_seed(graph, topo, cat)
+        if seed is not None and ops[seed].type == "OnesLike":
+            loss = adj.data_in[seed][0][0]
+        if seed is not None:
+            from_seed[seed] = True
+            for i in topo:
+                if cat[i] is None and not from_seed[i]:
+                    from_seed[i] = any(from_seed[p] for p, _ in adj.data_in[i])
+        if loss is None:
+            candidates = [
+                i for i in topo
+                if cat[i] is None and from_input[i] and not feeds_write[i] and not from_seed[i]
+                and ops[i].outputs and ops[i].outputs[0].dtype in _FLOATS
+            ]
+            # Partial gradients computed before they meet the seed lead into gradient ops.
+            for i in reversed(topo):
+                meets_seed[i] = any(
+                    from_seed[c] or meets_seed[c]
+                    for port in range(len(ops[i].outputs))
+                    for c in adj.consumers.get((i, port), ())
+                )
+            apart = [i for i in candidates if not meets_seed[i]]
+            loss = _pick_loss(graph, apart or candidates)
+    forward = [False] * n
+    if loss is not None:
+        stack = [loss]
+        forward[loss] = True
+        while stack:
+            i = stack.pop()
+            for p, _ in adj.data_in[i]:
+                if not forward[p] and cat[p] is None:
+                    forward[p] = True
+                    stack.append(p)
+    for i in topo:
+        if cat[i] is not None:
+            continue
+        if loss is None or forward[i]:
+            cat[i] = FORWARD
+        elif feeds_write[i] or from_seed[i] or meets_seed[i] or any(
+            cat[p] == BACKWARD for p, _ in adj.data_in[i]
+        ):
+            cat[i] = BACKWARD
+        else:
+            cat[i] = FORWARD  # outputs and metrics that read the forward pass
+    return tuple(c or FORWARD for c in cat), (ops[loss].name if loss is not None else None)
+
+
+def _find_seed(graph: Graph, topo: tuple[int, ...], cat: list[str | None]) -> int | None:
+    """The gradient seed: the constant 1 (or ``OnesLike``) that reaches the most gradient ops.
+
+    Every gradient depends on the seed; other constants equal to 1 feed a few ops each.
+    """
+    ops = graph.ops
+    adj = graph.adjacency
+    succs_of = adj.consumers
+    likes = [i for i in topo if ops[i].type == "OnesLike" and cat[i] is None]
+    if len(likes) == 1:
+        return likes[0]
+    seeds = [
+        i for i in topo
+        if ops[i].type in ("Const", "Fill") and ops[i].outputs
+        and ops[i].outputs[0].dtype in _FLOATS
+        and (ops[i].type == "Fill" or ops[i].attrs.get("value") == (1.0,))
+        and any(cat[c] is None for c in succs_of.get((i, 0), ()))
+    ][:64]
+
+    def reach(s: int) -> int:
+        seen = {s}
+        stack = [s]
+        while stack:
+            j = stack.pop()
+            for port in range(len(ops[j].outputs)):
+                for c in succs_of.get((j, port), ()):
+                    if c not in seen and cat[c] is None:
+                        seen.add(c)
+                        stack.append(c)
+        return len(seen) - 1
+
+    best = max(seeds, key=lambda s: (reach(s), -s), default=None)
+    return best
+
+
+def _pick_loss(graph: Graph, candidates: list[int]) -> int | None:
+    """The loss among ops that depend on the feeds but feed no write through their values.
+
+    Gradients make the loss a scalar, so scalars come first; among them, the one with the
+    most data ancestors (the total loss, not a metric), walked back through Identity
+    chains to the op that computes it. Dead gradient outputs (rank >= 1) lose to it.
+    """
+    if not candidates:
+        return None
+    adj = graph.adjacency
+    ops = graph.ops
+
+    def scalar(i: int) -> bool:
+        shape = ops[i].outputs[0].shape
+        return shape is not None and all(d == 1 for d in shape)
+
+    pool = [i for i in candidates if scalar(i)] or candidates
+    if len(pool) > 64:  # many sinks: the deepest is the cheap proxy
+        lv = _levels(graph)[0]
+        best = max(pool, key=lambda i: (lv[i], -i))
+    else:
+        def ancestors(i: int) -> int:
+            seen = {i}
+            stack = [i]
+            while stack:
+                for p, _ in adj.data_in[stack.pop()]:
+                    if p not in seen:
+                        seen.add(p)
+                        stack.append(p)
+            return len(seen)
+
+        best = max(pool, key=lambda i: (ancestors(i), -i))
+    while ops[best].type in ("Identity", "StopGradient") and adj.data_in[best]:
+        prev = adj.data_in[best][0][0]
+        if prev not in pool:
+            break
+        best = prev
+    return best
