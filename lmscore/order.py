@@ -43,6 +43,7 @@ RESOURCE_READS = frozenset({
 })
 _ITERATOR_OPS = frozenset({"IteratorGetNext", "IteratorGetNextSync", "_Recv", "_HostRecv"})
 _FLOATS = frozenset({"float", "double", "half", "bfloat16"})
+_ELEMENTWISE = frozenset({"Mul", "RealDiv", "Div", "Neg", "Sub", "AddV2", "Add", "Cast"})
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,12 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
             from_input[i] = True
         elif cat[i] is None and ops[i].type not in SHAPE_ONLY_OPS:
             from_input[i] = any(from_input[p] for p, _ in adj.data_in[i])
+    # Dependence on the feeds through any data edge, shapes included.
+    from_data = [False] * n
+    for i in topo:
+        from_data[i] = cat[i] == INPUT or (
+            cat[i] is None and any(from_data[p] for p, _ in adj.data_in[i])
+        )
     # Writes, then the arithmetic whose only use is to feed writes and that computes on
     # optimizer state rather than on the data (step counters, bias corrections, moments).
     reads_state = [
@@ -212,11 +219,18 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
     update = [False] * n
     for i in topo:
         if cat[i] is None and only_writes[i]:
+            ins = adj.data_in[i]
             update[i] = (
                 _is_write(ops[i].type, in_dtypes(i))
-                or not from_input[i]
+                or not from_data[i]
                 or reads_state[i]
-                or all(update[p] or cat[p] == PERSISTENT for p, _ in adj.data_in[i])
+                or all(update[p] or cat[p] == PERSISTENT for p, _ in ins)
+                # lr * grad: an elementwise scaling by state that feeds the write directly
+                or (
+                    ops[i].type in _ELEMENTWISE
+                    and any(cat[p] == PERSISTENT for p, _ in ins)
+                    and all(_is_write(ops[s].type, in_dtypes(s)) for s in adj.succs[i])
+                )
             )
     for i in topo:  # control-only joins after writes (the step's final NoOp)
         if cat[i] is None and not ops[i].outputs and not adj.data_in[i] and any(

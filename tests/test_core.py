@@ -1,0 +1,155 @@
+"""Ordering, categories, sizes and the simulator on hand-built graphs with exact answers."""
+
+from __future__ import annotations
+
+import pytest
+from graphs import TINY_CATEGORIES, TINY_CURVE_B2, TINY_LEVELS, t, tiny_step
+
+import lmscore
+from lmscore.errors import ConfigError, GraphError
+from lmscore.ir import Graph, Op, lint
+from lmscore.memory import hotspots, live_at, simulate
+from lmscore.order import order
+from lmscore.shapes import resolve
+
+
+def by_name(graph: Graph, values) -> dict[str, object]:
+    return {op.name: v for op, v in zip(graph.ops, values, strict=True)}
+
+
+def test_tiny_step_levels_and_categories():
+    g = tiny_step()
+    o = order(g)
+    assert by_name(g, o.levels) == TINY_LEVELS
+    assert by_name(g, o.categories) == TINY_CATEGORIES
+    assert o.loss == "loss"
+    assert o.num_levels == 11
+    assert [[g.ops[i].name for i in lvl] for lvl in o.by_level][4] == ["loss", "shape_act"]
+
+
+def test_categories_do_not_depend_on_names():
+    plain = tiny_step()
+    renamed_map = {k: f"n{i:02d}" for i, k in enumerate(sorted(TINY_LEVELS, reverse=True))}
+    renamed = tiny_step(renamed_map)
+    assert order(renamed).categories == order(plain).categories
+    assert order(renamed).loss == renamed_map["loss"]
+
+
+def test_tiny_step_curve_exact():
+    # Buffers at batch 2 (float32): mm [2,2] 16 B, levels 2..6 (Relu writes in place,
+    # ReluGrad at 6 is the last reader); loss 4 B 4..10; shape_act 8 B 4..5;
+    # g_tile 16 B 5..7 (ReluGrad overwrites it, g_w reads it at 7); g_w 32 B 7..9
+    # (the lr multiply overwrites it; the write reads it at 9).
+    sim = simulate(tiny_step(), 2)
+    assert sim.persistent_bytes == 48
+    assert sim.input_bytes == 32
+    assert sim.device_curve == TINY_CURVE_B2
+    assert (sim.peak_bytes, sim.peak_level, sim.transient_peak_bytes) == (132, 7, 52)
+    assert sim.unknown_size_tensors == ()
+    live = {b.tensor: (b.bytes, b.start, b.end) for b in live_at(sim, 7)}
+    assert live == {"g_w:0": (32, 7, 9), "g_tile:0": (16, 5, 7), "loss:0": (4, 4, 10)}
+
+
+def test_hotspots_at_peak():
+    g = tiny_step()
+    sim = simulate(g, 2)
+    rows = hotspots(g, sim)
+    assert [(h.tensor, h.bytes, h.producer_level, h.last_use_level, h.distance) for h in rows] == [
+        ("g_w:0", 32, 7, 9, 2), ("g_tile:0", 16, 5, 7, 2), ("loss:0", 4, 4, 10, 6),
+    ]
+    assert rows[0].swappable and not rows[2].swappable and rows[2].reason == "rank < 2"
+
+
+def test_batch_fills_unknown_dims():
+    g = tiny_step()
+    s8 = resolve(g, 8)
+    assert s8.shapes[g.index["mm"]] == ((8, 2),)
+    assert s8.nbytes[g.index["x"]] == (8 * 4 * 4,)
+    assert s8.variable_bytes == {"w": 32}
+    assert simulate(g, 8).input_bytes == 128
+
+
+def test_reshape_of_batch_uses_element_count():
+    f = "float"
+    ops = (
+        Op("x", "Placeholder", outputs=t(f, -1, 128, 64)),
+        Op("s", "Const", outputs=t("int32", 2), attrs={"value": (-1, 64)}),
+        Op("r", "Reshape", inputs=("x:0", "s:0"), outputs=t(f, -1, 64)),
+        Op("p", "Const", outputs=t("int32", 3), attrs={"value": (1, 0, 2)}),
+        Op("tr", "Transpose", inputs=("x:0", "p:0"), outputs=t(f, 128, -1, 64)),
+        Op("ax", "Const", outputs=t("int32"), attrs={"value": (0,)}),
+        Op("c", "ConcatV2", inputs=("r:0", "r:0", "ax:0"), outputs=t(f, -1, 64)),
+    )
+    s = resolve(Graph(ops), 3)
+    assert s.shapes[2] == ((384, 64),)
+    assert s.shapes[4] == ((128, 3, 64),)
+    assert s.shapes[6] == ((768, 64),)
+    assert s.assumed == ()
+
+
+def test_unknown_sizes_are_counted_not_sized_one():
+    ops = (
+        Op("x", "Placeholder", outputs=t("float", -1, 5, -1)),
+        Op("v", "TensorListReserve", inputs=(), outputs=t("variant")),
+        Op("y", "Relu", inputs=("x:0",), outputs=t("float", -1, 5, -1)),
+    )
+    s = resolve(Graph(ops), 2)
+    assert set(s.unknown) == {"x:0", "v:0", "y:0"}
+    sim = simulate(Graph(ops), 2)
+    assert len(sim.unknown_size_tensors) == 3 and sim.peak_bytes == 0
+
+
+def test_bad_batch_size():
+    with pytest.raises(ConfigError, match="batch size"):
+        resolve(tiny_step(), 0)
+
+
+def test_cycle_is_reported_with_its_nodes():
+    ops = (
+        Op("a", "Placeholder", outputs=t("float", 2)),
+        Op("b", "AddV2", inputs=("a:0", "c:0"), outputs=t("float", 2)),
+        Op("c", "Relu", inputs=("b:0",), outputs=t("float", 2)),
+    )
+    with pytest.raises(GraphError, match=r"cycle.*(b -> c|c -> b)"):
+        order(Graph(ops, "cyc.pb"))
+    with pytest.raises(GraphError, match="cyc.pb"):
+        lint(Graph(ops, "cyc.pb"))
+
+
+def test_control_cycle_is_a_cycle():
+    ops = (
+        Op("a", "NoOp", control_inputs=("b",)),
+        Op("b", "NoOp", control_inputs=("a",)),
+    )
+    with pytest.raises(GraphError, match="cycle"):
+        lint(Graph(ops))
+
+
+@pytest.mark.parametrize(
+    ("ops", "message"),
+    [
+        ((Op("a", "Relu", inputs=("ghost:0",)),), "no node 'ghost'"),
+        ((Op("p", "Placeholder", outputs=t("float", 1)), Op("a", "Relu", inputs=("p:3",))),
+         "has 1 output"),
+        ((Op("a", "NoOp", control_inputs=("ghost",)),), "control input from 'ghost'"),
+        ((Op("a", "NoOp"), Op("a", "NoOp")), "duplicate node name 'a'"),
+    ],
+)
+def test_lint_names_the_node(ops, message):
+    with pytest.raises(GraphError, match=message):
+        lint(Graph(ops, "bad.pb"))
+
+
+def test_networkx_view_round_trip():
+    g = tiny_step()
+    nxg = g.to_networkx()
+    assert nxg.number_of_nodes() == len(g.ops)
+    data = [e for e in nxg.edges(data=True) if e[2]["kind"] == "data"]
+    control = [e for e in nxg.edges(data=True) if e[2]["kind"] == "control"]
+    assert len(data) == sum(len(op.inputs) for op in g.ops)
+    assert control == [("apply", "out", {"kind": "control"})]
+
+
+def test_public_api_exports():
+    for name in lmscore.__all__:
+        assert hasattr(lmscore, name), name
