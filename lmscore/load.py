@@ -27,6 +27,11 @@ _SMALL_CONST = 64
 _DTYPE_NAMES = {v: k[3:].lower() for k, v in types_pb2.DataType.items()}
 #: Attributes naming library functions, kept so functional ops can be described.
 _FUNC_ATTRS = ("f", "body", "cond", "then_branch", "else_branch", "branches")
+#: Integer and boolean attributes the shape evaluator uses.
+_SCALAR_ATTRS = (
+    "transpose_a", "transpose_b", "adj_x", "adj_y", "N", "axis", "keep_dims",
+    "begin_mask", "end_mask", "shrink_axis_mask", "ellipsis_mask", "new_axis_mask",
+)
 
 
 def load(path: str | os.PathLike[str], *, function: str | None = None) -> Graph:
@@ -205,6 +210,9 @@ def _small_attrs(node: Any) -> dict[str, Any]:
         value = _small_int_tensor(t)
         if value is not None:
             out["value"] = value
+        if t.dtype == types_pb2.DT_STRING:  # a tstring is 24 bytes, plus long strings
+            n = max(len(t.string_val), 1)
+            out["string_bytes"] = 24 * n + sum(len(x) for x in t.string_val if len(x) > 22)
     for key in ("shape", "dtype"):
         if key in attr and node.op in ("VarHandleOp", "VariableV2", "Placeholder"):
             a = attr[key]
@@ -216,7 +224,7 @@ def _small_attrs(node: Any) -> dict[str, Any]:
             a = attr[key]
             names = [f.name for f in a.list.func] if a.list.func else [a.func.name]
             out[key] = tuple(n for n in names if n)
-    for key in ("transpose_a", "transpose_b", "adj_x", "adj_y", "N", "axis"):
+    for key in _SCALAR_ATTRS:
         if key in attr and attr[key].WhichOneof("value") in ("b", "i"):
             out[key] = getattr(attr[key], attr[key].WhichOneof("value"))
     return out

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 
 from .errors import ConfigError, GraphError
-from .ir import FEED_OPS, VARIABLE_OPS, Graph, dtype_bytes
+from .ir import FEED_OPS, VARIABLE_OPS, Graph, Op, dtype_bytes
 from .order import order
 
 _ELEMENT_PRESERVING = frozenset({"Reshape", "Squeeze", "ExpandDims", "Bitcast", "Flatten"})
@@ -90,10 +90,16 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
     shapes: list[list[tuple[int, ...] | None]] = [[] for _ in ops]
     from_input = [False] * len(ops)
     assumed: list[str] = []
+    vals: dict[tuple[int, int], Value] = {}
     for i in ordering.topo:
         op = ops[i]
         ins = [(shapes[p][port], ops[p].outputs[port].shape) for p, port in adj.data_in[i]]
         from_input[i] = op.type in FEED_OPS or any(from_input[p] for p, _ in adj.data_in[i])
+        own: dict[int, Value] = {}
+        if op.outputs and op.outputs[0].dtype in ("int32", "int64"):
+            own = _int_values(graph, i, vals, shapes)
+            for port, value in own.items():
+                vals[(i, port)] = value
         out: list[tuple[int, ...] | None] = []
         for port, spec in enumerate(op.outputs):
             s = spec.shape
@@ -101,8 +107,18 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
                 raise GraphError(
                     f"{graph.source}: node {op.name!r} output {port} has an invalid shape {list(s)}"
                 )
-            if s is None or -1 not in s:
+            if port in own:  # an integer tensor whose value is known has a known shape
+                out.append(own[port][0])
+                continue
+            if s is not None and -1 not in s:
                 out.append(s)
+                continue
+            exact = _shape_from_values(graph, i, port, vals, shapes)
+            if exact is not None and (s is None or len(exact) == len(s)):
+                out.append(exact)
+                continue
+            if s is None:
+                out.append(None)
                 continue
             r = _resolve_one(graph, i, s, ins, batch_size)
             if r[0] == -1 and from_input[i] and op.outputs[port].dtype != "resource":
@@ -115,7 +131,9 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
     for i, op in enumerate(ops):
         row = []
         for port, spec in enumerate(op.outputs):
-            b = _bytes(shapes[i][port], spec.dtype)
+            b = op.attrs.get("string_bytes", -1) if spec.dtype == "string" else _bytes(
+                shapes[i][port], spec.dtype
+            )
             if b > _MAX_BYTES:
                 raise GraphError(
                     f"{graph.source}: node {op.name!r} output {port} would need {b} bytes "
@@ -181,6 +199,14 @@ def _resolve_one(
             ):
                 dims[j] = resolved[j]
                 break
+    for resolved, recorded in ins:  # a prefix: gathers, appended axes
+        if (
+            -1 in dims and resolved is not None and recorded is not None
+            and len(recorded) < len(dims) and recorded == s[: len(recorded)]
+        ):
+            dims[: len(recorded)] = [
+                r if d == -1 else d for d, r in zip(dims[: len(recorded)], resolved, strict=True)
+            ]
     if dims.count(-1) == 1 and op.type in _ELEMENT_PRESERVING and ins and ins[0][0] is not None:
         src = ins[0][0]
         if -1 not in src:
@@ -252,3 +278,181 @@ def _bytes_from_update(graph: Graph, var: int, nbytes: list[tuple[int, ...]]) ->
             if nbytes[p][port] >= 0:
                 return nbytes[p][port]
     return -1
+
+
+# --- Integer values of shape arithmetic -------------------------------------------------
+# Gradient code computes shapes at run time (Shape -> BroadcastGradientArgs -> Sum ->
+# Reshape). Evaluating those small integer tensors once the batch is known gives the exact
+# output shapes that static shapes leave unknown.
+
+Value = tuple[tuple[int, ...], tuple[int, ...]]  # (shape, flat values)
+_MAX_VALUE = 64
+_REDUCTIONS = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "All", "Any", "EuclideanNorm"})
+_BINARY = {
+    "Add": lambda a, b: a + b, "AddV2": lambda a, b: a + b, "Sub": lambda a, b: a - b,
+    "Mul": lambda a, b: a * b, "FloorDiv": lambda a, b: a // b if b else None,
+    "Maximum": max, "Minimum": min, "FloorMod": lambda a, b: a % b if b else None,
+}
+
+
+def _known(shape: tuple[int, ...] | None) -> bool:
+    return shape is not None and -1 not in shape
+
+
+def _int_values(
+    graph: Graph, i: int, vals: dict[tuple[int, int], Value], shapes: list
+) -> dict[int, Value]:
+    """Values of op ``i``'s small integer outputs, when its inputs' values are known."""
+    op = graph.ops[i]
+    t = op.type
+    ins = graph.adjacency.data_in[i]
+
+    def v(k: int) -> Value | None:
+        return vals.get(ins[k]) if k < len(ins) else None
+
+    def in_shape(k: int) -> tuple[int, ...] | None:
+        p, port = ins[k]
+        return shapes[p][port]
+
+    out: Value | None = None
+    if t == "Const" and "value" in op.attrs and all(
+        isinstance(x, int) for x in op.attrs["value"]
+    ):
+        shape = op.attrs.get("const_shape", op.outputs[0].shape if op.outputs else ())
+        out = (tuple(shape or ()), tuple(op.attrs["value"]))
+    elif t == "Shape" and ins and _known(in_shape(0)):
+        s = in_shape(0)
+        out = ((len(s),), s)
+    elif t == "ShapeN":
+        res = {}
+        for k in range(len(ins)):
+            if _known(in_shape(k)):
+                res[k] = ((len(in_shape(k)),), in_shape(k))
+        return res
+    elif t == "Size" and ins and _known(in_shape(0)):
+        out = ((), (math.prod(in_shape(0)),))
+    elif t == "Rank" and ins and in_shape(0) is not None:
+        out = ((), (len(in_shape(0)),))
+    elif t in ("Cast", "Identity", "StopGradient") and v(0) is not None:
+        out = v(0)
+    elif t == "Pack" and ins and all(v(k) is not None and v(k)[0] == () for k in range(len(ins))):
+        out = ((len(ins),), tuple(v(k)[1][0] for k in range(len(ins))))
+    elif t == "ConcatV2" and len(ins) >= 2 and all(v(k) is not None for k in range(len(ins))):
+        parts = [v(k) for k in range(len(ins) - 1)]
+        if all(len(s) == 1 for s, _ in parts):
+            flat = tuple(x for _, xs in parts for x in xs)
+            out = ((len(flat),), flat)
+    elif t in ("Reshape", "ExpandDims", "Squeeze") and v(0) is not None:
+        n = len(v(0)[1])
+        out = ((n,), v(0)[1]) if t != "Squeeze" or n == 1 else None
+        if t == "Squeeze" and n == 1:
+            out = ((), v(0)[1])
+    elif t == "GatherV2" and v(0) is not None and v(1) is not None and len(v(0)[0]) == 1:
+        params, idx = v(0)[1], v(1)[1]
+        if all(-len(params) <= k < len(params) for k in idx):
+            out = (v(1)[0], tuple(params[k] for k in idx))
+    elif t == "StridedSlice" and all(v(k) is not None for k in range(4)) and len(v(0)[0]) == 1:
+        out = _strided_slice(op, v(0)[1], v(1)[1], v(2)[1], v(3)[1])
+    elif t in ("Prod", "Sum", "Max", "Min") and v(0) is not None and len(v(0)[0]) <= 1:
+        xs = v(0)[1]
+        red = {"Prod": math.prod, "Sum": sum, "Max": max, "Min": min}[t]
+        if xs or t in ("Prod", "Sum"):
+            keep = op.attrs.get("keep_dims", False) and len(v(0)[0]) == 1
+            out = ((1,) if keep else (), (int(red(xs)),))
+    elif t in _BINARY and v(0) is not None and v(1) is not None:
+        a, b = v(0), v(1)
+        if len(a[1]) == 1 or len(b[1]) == 1 or len(a[1]) == len(b[1]):
+            n = max(len(a[1]), len(b[1]))
+            xs = [_BINARY[t](a[1][k % len(a[1])], b[1][k % len(b[1])]) for k in range(n)]
+            if None not in xs:
+                out = (a[0] if len(a[1]) >= len(b[1]) else b[0], tuple(xs))
+    elif t == "Range" and all(v(k) is not None for k in range(3)):
+        start, limit, delta = v(0)[1][0], v(1)[1][0], v(2)[1][0]
+        if delta and 0 <= (limit - start) // delta <= _MAX_VALUE:
+            r = tuple(range(start, limit, delta))
+            out = ((len(r),), r)
+    elif t == "Fill" and v(0) is not None and v(1) is not None and len(v(0)[1]) <= 1:
+        n = v(0)[1][0] if v(0)[1] else 1
+        if 0 <= n <= _MAX_VALUE:
+            out = (v(0)[1], (v(1)[1][0],) * n)
+    elif t in ("DynamicStitch", "ParallelDynamicStitch") and len(ins) % 2 == 0 and all(
+        v(k) is not None for k in range(len(ins))
+    ):
+        half = len(ins) // 2
+        merged: dict[int, int] = {}
+        for k in range(half):
+            for idx, x in zip(v(k)[1], v(half + k)[1], strict=False):
+                merged[idx] = x
+        if sorted(merged) == list(range(len(merged))):
+            out = ((len(merged),), tuple(merged[k] for k in range(len(merged))))
+    elif t == "BroadcastGradientArgs" and v(0) is not None and v(1) is not None:
+        r0, r1 = _broadcast_gradient_args(v(0)[1], v(1)[1])
+        return {0: ((len(r0),), r0), 1: ((len(r1),), r1)}
+    return {} if out is None or len(out[1]) > _MAX_VALUE else {0: out}
+
+
+def _strided_slice(op: Op, x, begin, end, strides) -> Value | None:
+    a = op.attrs
+    if a.get("ellipsis_mask", 0) or a.get("new_axis_mask", 0) or len(begin) != 1:
+        return None
+    n, stride = len(x), strides[0]
+    if stride == 0:
+        return None
+    if a.get("shrink_axis_mask", 0) & 1:
+        k = begin[0] + n if begin[0] < 0 else begin[0]
+        return ((), (x[k],)) if 0 <= k < n else None
+    b = None if a.get("begin_mask", 0) & 1 else begin[0]
+    e = None if a.get("end_mask", 0) & 1 else end[0]
+    sl = x[slice(b, e, stride)]
+    return ((len(sl),), tuple(sl))
+
+
+def _broadcast_gradient_args(s0, s1) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Reduction indices of each side of a broadcast binary op (TensorFlow's rule)."""
+    n = max(len(s0), len(s1))
+    a = (1,) * (n - len(s0)) + tuple(s0)
+    b = (1,) * (n - len(s1)) + tuple(s1)
+    r0 = tuple(k for k in range(n) if a[k] == 1 and b[k] != 1 or (a[k] == b[k] == 1))
+    r1 = tuple(k for k in range(n) if b[k] == 1 and a[k] != 1 or (a[k] == b[k] == 1))
+    return r0, r1
+
+
+def _shape_from_values(
+    graph: Graph, i: int, port: int, vals: dict[tuple[int, int], Value], shapes: list
+) -> tuple[int, ...] | None:
+    """Exact output shape of ops whose shape is given by an integer input, or None."""
+    op = graph.ops[i]
+    t = op.type
+    ins = graph.adjacency.data_in[i]
+    if port != 0:
+        return None
+
+    def v(k: int) -> tuple[int, ...] | None:
+        val = vals.get(ins[k]) if k < len(ins) else None
+        return val[1] if val is not None else None
+
+    def in_shape(k: int) -> tuple[int, ...] | None:
+        p, pt = ins[k]
+        return shapes[p][pt]
+
+    if t == "Reshape" and v(1) is not None:
+        dims = list(v(1))
+        src = in_shape(0)
+        if dims.count(-1) == 1 and _known(src):
+            known = math.prod(d for d in dims if d != -1)
+            if known > 0:
+                dims[dims.index(-1)] = math.prod(src) // known
+        return tuple(dims) if -1 not in dims else None
+    if t in _REDUCTIONS and v(1) is not None and in_shape(0) is not None:
+        src = in_shape(0)
+        axes = {a % len(src) for a in v(1)} if src else set()
+        if op.attrs.get("keep_dims", False):
+            return tuple(1 if k in axes else d for k, d in enumerate(src))
+        return tuple(d for k, d in enumerate(src) if k not in axes)
+    if t == "Tile" and v(1) is not None and _known(in_shape(0)) and len(v(1)) == len(in_shape(0)):
+        return tuple(d * m for d, m in zip(in_shape(0), v(1), strict=True))
+    if t in ("BroadcastTo", "StridedSliceGrad") and v(1 if t == "BroadcastTo" else 0) is not None:
+        return v(1 if t == "BroadcastTo" else 0)
+    if t == "Fill" and v(0) is not None:
+        return v(0)
+    return None

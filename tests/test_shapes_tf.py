@@ -1,0 +1,58 @@
+"""Resolved shapes agree with TensorFlow's own shape inference at a concrete batch size."""
+
+from __future__ import annotations
+
+import pytest
+
+import lmscore
+from lmscore.samples import sample_dir
+from lmscore.shapes import resolve
+
+pytestmark = pytest.mark.tf
+
+CASES = [("mlp", 32), ("resnet50", 3), ("vgg16", 2), ("unet3d", 2), ("bert", 5), ("lstm", 7)]
+
+
+def tf_shapes(path, batch):
+    """Shapes TensorFlow infers when the feeds' batch dimension is fixed."""
+    import tensorflow as tf
+    from tensorflow.core.framework import graph_pb2
+
+    gd = graph_pb2.GraphDef()
+    gd.ParseFromString(path.read_bytes())
+    for node in gd.node:
+        node.attr.pop("_output_shapes", None)
+        if node.op == "Placeholder" and node.attr["dtype"].type != tf.resource.as_datatype_enum:
+            dims = node.attr["shape"].shape.dim
+            if dims and dims[0].size == -1:
+                dims[0].size = batch
+    g = tf.Graph()
+    with g.as_default():
+        tf.graph_util.import_graph_def(gd, name="")
+    out = {}
+    for op in g.get_operations():
+        for k, t in enumerate(op.outputs):
+            if t.shape.rank is not None and t.shape.is_fully_defined():
+                out[f"{op.name}:{k}"] = tuple(t.shape.as_list())
+    return out
+
+
+@pytest.mark.parametrize(("name", "batch"), CASES)
+def test_shapes_match_tensorflow(name, batch):
+    path = sample_dir() / f"{name}.pb"
+    graph = lmscore.load(path)
+    ours = resolve(graph, batch)
+    theirs = tf_shapes(path, batch)
+    mismatches = []
+    compared = 0
+    for i, op in enumerate(graph.ops):
+        for k, shape in enumerate(ours.shapes[i]):
+            expected = theirs.get(f"{op.name}:{k}")
+            if expected is not None:
+                compared += 1
+                if shape != expected:
+                    mismatches.append((f"{op.name}:{k}", shape, expected))
+    total = sum(len(op.outputs) for op in graph.ops)
+    print(f"{name}: compared {compared} of {total} outputs")
+    assert compared > 0.3 * total
+    assert mismatches == []
