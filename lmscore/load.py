@@ -219,6 +219,8 @@ def _small_attrs(node: Any) -> dict[str, Any]:
             out[key] = (
                 tuple(d.size for d in a.shape.dim) if key == "shape" else _DTYPE_NAMES.get(a.type)
             )
+    if "element_dtype" in attr:
+        out["element_dtype"] = _DTYPE_NAMES.get(attr["element_dtype"].type, "unknown")
     for key in _FUNC_ATTRS:
         if key in attr:
             a = attr[key]

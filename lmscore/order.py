@@ -319,11 +319,16 @@ def _find_seed(graph: Graph, topo: tuple[int, ...], cat: list[str | None]) -> in
     likes = [i for i in topo if ops[i].type == "OnesLike" and cat[i] is None]
     if len(likes) == 1:
         return likes[0]
+    def one(i: int) -> bool:
+        op = ops[i]
+        if op.type == "Fill" and len(adj.data_in[i]) == 2:
+            return one(adj.data_in[i][1][0])
+        return op.type == "Const" and op.attrs.get("value") == (1.0,)
+
     seeds = [
         i for i in topo
         if ops[i].type in ("Const", "Fill") and ops[i].outputs
-        and ops[i].outputs[0].dtype in _FLOATS
-        and (ops[i].type == "Fill" or ops[i].attrs.get("value") == (1.0,))
+        and ops[i].outputs[0].dtype in _FLOATS and one(i)
         and any(cat[c] is None for c in succs_of.get((i, 0), ()))
     ][:64]
 

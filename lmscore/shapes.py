@@ -126,7 +126,7 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
                 assumed.append(f"{op.name}:{port}")
             out.append(r)
         shapes[i] = out
-    nbytes: list[tuple[int, ...]] = []
+    nbytes: list[list[int]] = []
     unknown: list[str] = []
     for i, op in enumerate(ops):
         row = []
@@ -142,16 +142,80 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
             if b < 0:
                 unknown.append(f"{op.name}:{port}")
             row.append(b)
-        nbytes.append(tuple(row))
+        nbytes.append(row)
+    _size_tensor_lists(graph, ordering.topo, shapes, vals, nbytes, unknown, batch_size)
     var_bytes = _variable_bytes(graph, shapes, nbytes)
     return Sizes(
         batch_size=batch_size,
         shapes=tuple(tuple(s) for s in shapes),
-        nbytes=tuple(nbytes),
+        nbytes=tuple(tuple(row) for row in nbytes),
         unknown=tuple(unknown),
         assumed=tuple(assumed),
         variable_bytes=var_bytes,
     )
+
+
+_LIST_MAKERS = frozenset({"EmptyTensorList", "TensorListReserve"})
+_WHILE_OPS = frozenset({"While", "StatelessWhile"})
+
+
+def _size_tensor_lists(
+    graph: Graph,
+    topo: tuple[int, ...],
+    shapes: list,
+    vals: dict[tuple[int, int], Value],
+    nbytes: list[list[int]],
+    unknown: list[str],
+    batch: int,
+) -> None:
+    """Give TensorList values (``variant``) the size of what they hold.
+
+    A list is created empty (0 bytes); ``TensorListFromTensor`` holds a copy of its input;
+    a while loop fills the lists it carries, up to their capacity (``max_num_elements`` x
+    ``element_shape``), so the loop's list outputs hold that much until their last reader.
+    Memory a loop body allocates and frees within one iteration is not modelled.
+    """
+    ops = graph.ops
+    adj = graph.adjacency
+    capacity: dict[tuple[int, int], int] = {}
+    for i in topo:
+        op = ops[i]
+        ins = adj.data_in[i]
+        if op.type == "TensorListStack" and ins and ins[0] in capacity and nbytes[i][0] < 0:
+            nbytes[i][0] = capacity[ins[0]]  # the stacked elements of a filled list
+            unknown.remove(f"{op.name}:0")
+        if not any(o.dtype == "variant" for o in op.outputs):
+            continue
+        sizes = dict(enumerate(nbytes[i]))
+        if op.type in _LIST_MAKERS and len(ins) == 2:
+            shape, count = vals.get(ins[0]), vals.get(ins[1])
+            size = dtype_bytes(op.attrs.get("element_dtype", ""))
+            if shape is not None and count is not None and size and count[1][0] >= 0:
+                dims = [batch if k == 0 and d == -1 else d for k, d in enumerate(shape[1])]
+                if -1 not in dims:
+                    capacity[(i, 0)] = count[1][0] * math.prod(dims) * size
+            sizes[0] = 0
+        elif op.type == "TensorListFromTensor" and ins:
+            sizes[0] = nbytes[ins[0][0]][ins[0][1]]
+        elif op.type in _WHILE_OPS:
+            for k, src in enumerate(ins[: len(op.outputs)]):
+                if op.outputs[k].dtype != "variant":
+                    continue
+                if src in capacity:
+                    sizes[k] = capacity[src]
+                    capacity[(i, k)] = capacity[src]
+                else:  # lists the loop consumes (a gradient loop pops its accumulators)
+                    sizes[k] = 0 if nbytes[src[0]][src[1]] >= 0 else -1
+        elif op.type in ("Identity", "ZerosLike") and ins and ins[0] in capacity:
+            capacity[(i, 0)] = capacity[ins[0]]
+            sizes[0] = 0 if op.type == "ZerosLike" else nbytes[ins[0][0]][ins[0][1]]
+        for port, b in sizes.items():
+            if b < 0 and ins and op.type in ("Identity", "IdentityN"):
+                src = ins[port] if port < len(ins) else ins[0]
+                b = nbytes[src[0]][src[1]]
+            if nbytes[i][port] < 0 <= b:
+                nbytes[i][port] = b
+                unknown.remove(f"{op.name}:{port}")
 
 
 def _bytes(shape: tuple[int, ...] | None, dtype: str) -> int:
