@@ -155,11 +155,15 @@ class Graph:
         Where the graph came from (a path or a description), used in messages.
     functions : frozenset of str
         Names of the functions of the graph's function library.
+    graphdef : bytes or None
+        The serialized GraphDef the graph was imported from: export starts from it so
+        that every attribute and the function library survive a rewrite.
     """
 
     ops: tuple[Op, ...]
     source: str = "<graph>"
     functions: frozenset[str] = frozenset()
+    graphdef: bytes | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -265,7 +269,9 @@ class Graph:
 
     def replace(self, ops: Iterable[Op], source: str | None = None) -> Graph:
         """Return a new graph with ``ops`` (same library), e.g. after a rewrite."""
-        return Graph(tuple(ops), self.source if source is None else source, self.functions)
+        return Graph(
+            tuple(ops), self.source if source is None else source, self.functions, self.graphdef
+        )
 
 
 def lint(graph: Graph) -> None:

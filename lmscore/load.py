@@ -86,12 +86,16 @@ def from_graphdef_bytes(data: bytes, *, source: str = "<bytes>", text: bool | No
     -------
     Graph
     """
-    gd = _parse(data, source, text)
+    gd, was_text = _parse(data, source, text)
     if len(gd.node) == 0:
         raise GraphError(f"{source}: not a training graph: the GraphDef has no nodes")
     if any(not n.attr["_output_shapes"].list.shape for n in gd.node if _has_outputs(n)):
         gd = _add_shapes_with_tensorflow(gd, source)
-    return from_graphdef(gd, source=source)
+        data = gd.SerializeToString()
+    elif was_text:
+        data = gd.SerializeToString()
+    graph = from_graphdef(gd, source=source)
+    return Graph(graph.ops, graph.source, graph.functions, data)
 
 
 def _has_outputs(node: Any) -> bool:
@@ -99,20 +103,21 @@ def _has_outputs(node: Any) -> bool:
     return sig is None or bool(sig["out"])
 
 
-def _parse(data: bytes, source: str, text: bool | None) -> Any:
+def _parse(data: bytes, source: str, text: bool | None) -> tuple[Any, bool]:
+    """Parse binary (tried first) or text; return the message and whether it was text."""
     gd = graph_pb2.GraphDef()
     if text is not True:
         try:
             gd.ParseFromString(data)
             if len(gd.node) or text is False or not data:
-                return gd
+                return gd, False
         except message.DecodeError:
             if text is False:
                 raise GraphError(
                     f"{source}: not a GraphDef (corrupt or truncated protobuf)"
                 ) from None
     try:
-        return text_format.Parse(data.decode("utf-8"), graph_pb2.GraphDef())
+        return text_format.Parse(data.decode("utf-8"), graph_pb2.GraphDef()), True
     except (text_format.ParseError, UnicodeDecodeError) as e:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         kind = "text" if text else "binary or text"

@@ -19,10 +19,13 @@ Tensors of unknown size count 0 bytes and are reported.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .ir import FEED_OPS, VARIABLE_OPS, Graph
+from .errors import ConfigError
+from .ir import FEED_OPS, VARIABLE_OPS, Graph, dtype_bytes
 from .order import BACKWARD, FORWARD, Ordering, order
 from .shapes import Sizes, resolve
 
@@ -73,6 +76,8 @@ class Buffer:
         Indices of the ops that read it (through any view), sorted by level.
     host : bool
         True if it lives in host memory.
+    scratch : bool
+        True for a kernel's temporary workspace (allocated and freed within the op).
     """
 
     tensor: str
@@ -82,6 +87,7 @@ class Buffer:
     producer: int
     readers: tuple[int, ...]
     host: bool = False
+    scratch: bool = False
 
     @property
     def distance(self) -> int:
@@ -162,6 +168,61 @@ class Simulation:
     batch_size: int
 
 
+@functools.cache
+def _cache_bytes() -> int:
+    """Last-level cache size, which TensorFlow's CPU conv kernels use to size their work."""
+    try:
+        text = open("/sys/devices/system/cpu/cpu0/cache/index3/size").read().strip()
+        return int(text.rstrip("KMG")) * {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1], 1)
+    except (OSError, ValueError):
+        return 32 * 2**20
+
+
+_CONV_SCRATCH = frozenset({
+    "Conv2DBackpropFilter", "Conv3DBackpropFilterV2", "Conv3DBackpropInputV2",
+    "Conv3DBackpropFilter", "Conv3DBackpropInput",
+})
+
+
+def cpu_scratch_bytes(
+    op_type: str,
+    filter_shape: tuple[int, ...] | None,
+    out_backprop: tuple[int, ...] | None,
+    input_shape: tuple[int, ...] | None,
+    dtype_size: int,
+    cache_bytes: int,
+) -> int:
+    """Workspace of TensorFlow's CPU convolution-gradient kernels (an im2col buffer).
+
+    The kernels process ``shard`` images at a time with a ``[shard, output pixels,
+    filter taps x input channels]`` buffer, ``shard`` chosen so that one work unit fits the
+    last-level cache (3-D kernels use one image at batch 1), and fall back to a bufferless
+    path when the buffer would exceed 25x the tensors involved (``conv_grad_ops*.cc``).
+
+    >>> cpu_scratch_bytes("Conv3DBackpropFilterV2", (3, 3, 3, 32, 16), (1, 64, 64, 64, 16),
+    ...                   (1, 64, 64, 64, 32), 4, 32 * 2**20)
+    905969664
+    """
+    if op_type not in _CONV_SCRATCH or not (filter_shape and out_backprop and input_shape):
+        return 0
+    if -1 in filter_shape or -1 in out_backprop or -1 in input_shape:
+        return 0
+    batch = out_backprop[0]
+    out_pixels = math.prod(out_backprop[1:-1])
+    out_depth = filter_shape[-1]
+    taps = math.prod(filter_shape[:-1])
+    work = out_pixels * out_depth + taps * out_depth + out_pixels * taps
+    if op_type.startswith("Conv3D") and batch == 1:
+        shard = 1
+    else:
+        shard = min(batch, max(1, (cache_bytes // dtype_size) // work))
+    col = shard * out_pixels * taps
+    total = math.prod(input_shape) + math.prod(filter_shape) + math.prod(out_backprop)
+    if col // total > 25:
+        return 0
+    return col * dtype_size
+
+
 def is_host_op(op_device: str, op_attrs: dict) -> bool:
     """Whether an op runs on the host: it is marked as a swap-out by a rewrite."""
     return op_attrs.get("_lms_role") == "swap_out"
@@ -173,6 +234,7 @@ def simulate(
     *,
     sizes: Sizes | None = None,
     host_op: Callable[[str, dict], bool] = is_host_op,
+    workspace: str = "cpu",
 ) -> Simulation:
     """Simulate the memory of one training step, level by level.
 
@@ -185,6 +247,10 @@ def simulate(
         Precomputed :func:`lmscore.shapes.resolve` result for this graph and batch.
     host_op : callable, optional
         ``host_op(device, attrs)`` says whether an op allocates on the host.
+    workspace : {"cpu", "none"}
+        Kernel workspace to model: ``"cpu"`` adds the im2col buffers of TensorFlow's CPU
+        convolution-gradient kernels (what ``lms validate`` measures); ``"none"`` counts
+        tensors only (accelerator libraries size their workspace at run time).
 
     Returns
     -------
@@ -204,14 +270,21 @@ def simulate(
     ordering = order(graph)
     if sizes is None:
         sizes = resolve(graph, batch_size)
+    if workspace not in ("cpu", "none"):
+        raise ConfigError(f"workspace must be 'cpu' or 'none', got {workspace!r}")
     buffers, persistent, feeds = _buffers(graph, ordering, sizes, host_op)
+    if workspace == "cpu":
+        buffers += _cpu_scratch(graph, ordering, sizes)
     n_levels = ordering.num_levels
     dev_alloc = [0] * (n_levels + 1)
     dev_free = [0] * (n_levels + 1)
     host_alloc = [0] * (n_levels + 1)
     host_free = [0] * (n_levels + 1)
+    scratch = [0] * (n_levels + 1)  # ops of a level run one at a time: the largest counts
     for b in buffers:
-        if b.host:
+        if b.scratch:
+            scratch[b.start] = max(scratch[b.start], b.bytes)
+        elif b.host:
             host_alloc[b.start] += b.bytes
             host_free[b.end] += b.bytes
         else:
@@ -224,7 +297,7 @@ def simulate(
     for level in range(n_levels):
         live += dev_alloc[level]
         host_live += host_alloc[level]
-        device_curve.append(base + live)
+        device_curve.append(base + live + scratch[level])
         host_curve.append(host_live)
         live -= dev_free[level]
         host_live -= host_free[level]
@@ -263,6 +336,7 @@ def _buffers(
     kind: list[str] = []  # "transient", "persistent", "feed"
     readers: list[list[int]] = []
     members: list[list[tuple[int, int]]] = []  # tensors that are views of each buffer
+    forwarded: dict[int, set[int]] = {}  # buffer -> ops that wrote their output into it
     persistent = sum(b for b in sizes.variable_bytes.values() if b > 0)
     feeds = 0
 
@@ -298,10 +372,13 @@ def _buffers(
                 persistent += max(nbytes[i][port], 0)
                 continue
             if port == 0 and op.type in FORWARDING_OPS:
-                b = _forwardable(graph, sizes, level, consumers, i, owner, kind, members)
+                b = _forwardable(
+                    graph, sizes, level, consumers, i, owner, kind, members, forwarded
+                )
                 if b is not None:
                     owner[t] = b
                     members[b].append(t)
+                    forwarded.setdefault(b, set()).add(i)
                     continue
             owner[t] = new_buffer(t, "transient")
     out: list[Buffer] = []
@@ -324,6 +401,28 @@ def _buffers(
     return out, persistent, feeds
 
 
+def _cpu_scratch(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffer]:
+    """Workspace buffers of CPU convolution-gradient kernels, alive during their op."""
+    out = []
+    adj = graph.adjacency
+    for i, op in enumerate(graph.ops):
+        if op.type not in _CONV_SCRATCH or len(adj.data_in[i]) < 3 or not op.outputs:
+            continue
+        shape_of = [sizes.shapes[p][port] for p, port in adj.data_in[i]]
+        if "Filter" in op.type:
+            filt, inp = sizes.shapes[i][0], shape_of[0]
+        else:
+            filt, inp = shape_of[1], sizes.shapes[i][0]
+        b = cpu_scratch_bytes(
+            op.type, filt, shape_of[2], inp, dtype_bytes(op.outputs[0].dtype) or 4,
+            _cache_bytes(),
+        )
+        if b:
+            lvl = ordering.levels[i]
+            out.append(Buffer(f"{op.name}/scratch", b, lvl, lvl, i, (), scratch=True))
+    return out
+
+
 def _forwardable(
     graph: Graph,
     sizes: Sizes,
@@ -333,6 +432,7 @@ def _forwardable(
     owner: dict[tuple[int, int], int],
     kind: list[str],
     members: list[list[tuple[int, int]]],
+    forwarded: dict[int, set[int]],
 ) -> int | None:
     """Buffer of an input that op ``i`` may overwrite in place, or None.
 
@@ -355,8 +455,11 @@ def _forwardable(
             continue
         if sum(1 for s in ins if owner[s] == b) > 1:
             continue
+        # Readers in the same level run one after the other; the in-place op is taken to
+        # run last among them (TensorFlow forwards when the buffer's refcount drops to 1).
         if all(
-            c == i or level[c] < li for t in members[b] for c in consumers.get(t, ())
+            c == i or level[c] < li or (level[c] == li and c not in forwarded.get(b, ()))
+            for t in members[b] for c in consumers.get(t, ())
         ):
             return b
     return None
@@ -389,7 +492,8 @@ def hotspots(
     lvl = sim.peak_level if level is None else level
     rows = []
     for b in live_at(sim, lvl)[:limit]:
-        shape = graph.ops[b.producer].outputs[int(b.tensor.rpartition(":")[2])].shape
+        port = b.tensor.rpartition(":")[2]
+        shape = graph.ops[b.producer].outputs[int(port)].shape if port.isdigit() else None
         category = ordering.categories[b.producer]
         reason = _not_swappable(category, shape, b)
         rows.append(LiveTensor(
@@ -406,6 +510,8 @@ def hotspots(
 
 
 def _not_swappable(category: str, shape: tuple[int, ...] | None, b: Buffer) -> str:
+    if b.scratch:
+        return "kernel workspace"
     if category not in (FORWARD, BACKWARD):
         return f"{category} tensor"
     if shape is None or len(shape) < 2:

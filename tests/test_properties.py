@@ -24,6 +24,9 @@ def dags(draw, plain: bool = False, known: bool = False):
         if typ == "Identity" and not ins:
             typ = "MatMul"
         rows = draw(st.sampled_from((2, 3) if known else (1, 2, 3)))
+        if typ == "Identity":  # a view has its input's shape
+            shape = ops[ins[0]].outputs[0].shape
+            rows = 1 if shape[0] == -1 else shape[0]
         ops.append(Op(
             f"n{i}", typ,
             inputs=tuple(f"n{j}:0" for j in ins),

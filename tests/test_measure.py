@@ -1,0 +1,286 @@
+"""Tests of lmscore.measure: running training-step GraphDefs under TensorFlow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+from lmscore.errors import RunError  # noqa: E402
+from lmscore.measure import measure, synthetic_inputs  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+RESOURCE = tf.resource.as_datatype_enum
+
+
+def _train_step(model, optimizer, specs):
+    """Export the GraphDef of a Keras training step (x, y) -> loss."""
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer.build(model.trainable_variables)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    return step.get_concrete_function(*specs).graph.as_graph_def(add_shapes=True)
+
+
+def _resource_placeholders(gdef):
+    return {n.name for n in gdef.node if n.op == "Placeholder" and n.attr["dtype"].type == RESOURCE}
+
+
+def _const_bytes(gdef):
+    return sum(tf.make_ndarray(n.attr["value"].tensor).nbytes for n in gdef.node if n.op == "Const")
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((12,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(5)]
+    )
+    specs = (tf.TensorSpec([None, 12]), tf.TensorSpec([None], tf.int32))
+    return _train_step(model, keras.optimizers.Adam(), specs)
+
+
+@pytest.fixture(scope="module")
+def mlp_run(mlp):
+    return measure(mlp.SerializeToString(), 8)
+
+
+def test_mlp_measures_a_peak(mlp_run):
+    assert set(mlp_run.peak_bytes) == {"CPU:0"}
+    assert mlp_run.peak_bytes["CPU:0"] > 0
+    assert mlp_run.allocations
+    # The fed batch is part of the step: x is 8 x 12 float32, y is 8 int32.
+    feeds = {a.node: a.bytes for a in mlp_run.allocations if a.allocator == "feed"}
+    assert feeds == {"x": 8 * 12 * 4, "y": 8 * 4}
+    assert {a.allocator for a in mlp_run.allocations} <= {"cpu", "feed"}
+    for a in mlp_run.allocations:
+        assert a.bytes > 0 and a.alloc_us >= 0
+        assert a.free_us is None or a.free_us >= a.alloc_us
+
+
+def test_mlp_allocations_use_original_node_names(mlp, mlp_run):
+    names = {n.name for n in mlp.node}
+    assert {a.node for a in mlp_run.allocations} <= names
+
+
+def test_mlp_persistent_is_variables_plus_constants(mlp, mlp_run):
+    variable_bytes = sum(v.nbytes for v in mlp_run.variables.values())
+    # kernel 12x16 + bias 16 + kernel 16x5 + bias 5, twice more for Adam's m and v,
+    # plus the learning rate (float32) and the iteration counter (int64).
+    weights = (12 * 16 + 16 + 16 * 5 + 5) * 4
+    assert variable_bytes == 3 * weights + 4 + 8
+    assert mlp_run.persistent_bytes == {"CPU:0": variable_bytes + _const_bytes(mlp)}
+
+
+def test_mlp_variables_keyed_by_placeholder(mlp, mlp_run):
+    assert set(mlp_run.variables) == _resource_placeholders(mlp)
+    shapes = sorted(v.shape for v in mlp_run.variables.values())
+    assert shapes.count((12, 16)) == 3 and shapes.count((16, 5)) == 3
+
+
+def test_mlp_losses_finite_and_deterministic(mlp, mlp_run):
+    assert len(mlp_run.losses) == 2
+    assert mlp_run.finite
+    assert all(np.isfinite(mlp_run.losses))
+    again = measure(mlp.SerializeToString(), 8)
+    assert again.losses == mlp_run.losses  # bit-identical
+    for name, value in mlp_run.variables.items():
+        np.testing.assert_array_equal(again.variables[name], value)
+    other = measure(mlp.SerializeToString(), 8, seed=1)
+    assert other.losses != mlp_run.losses
+
+
+def test_mlp_training_changes_the_variables(mlp):
+    one = measure(mlp.SerializeToString(), 8, steps=1)
+    three = measure(mlp.SerializeToString(), 8, steps=3)
+    assert len(three.losses) == 3
+    assert three.losses[0] == one.losses[0]
+    counters = [v for v in three.variables.values() if v.dtype == np.int64]
+    assert [int(c) for c in counters] == [1 + 3]  # synthetic iteration counter starts at 1
+
+
+def test_nan_run_is_visible():
+    @tf.function
+    def step(x):
+        return tf.reduce_sum(tf.math.log(x - 100.0))
+
+    gdef = step.get_concrete_function(tf.TensorSpec([None, 3])).graph.as_graph_def(add_shapes=True)
+    result = measure(gdef.SerializeToString(), 4)
+    assert not result.finite
+    assert np.isnan(result.losses[-1])
+
+
+def _embedding_graph():
+    """Token ids into a Keras Embedding (GatherV2) and a gathered variable (ResourceGather)."""
+    keras.utils.set_random_seed(0)
+    embedding = keras.layers.Embedding(7, 3)
+    embedding.build((None, 4))
+    table = tf.Variable(tf.random.normal([5, 3]), name="table")
+    dense = keras.layers.Dense(6)
+    dense.build((None, 3))
+    weights = [*embedding.trainable_variables, table, *dense.trainable_variables]
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(tokens, rows, y):
+        with tf.GradientTape() as tape:
+            h = tf.reduce_mean(embedding(tokens), axis=1) + tf.gather(table, rows)
+            loss = loss_fn(y, dense(h))
+        grads = tape.gradient(loss, weights)
+        for w, g in zip(weights, grads, strict=True):
+            w.assign_sub(0.01 * tf.convert_to_tensor(g))
+        return loss
+
+    specs = (
+        tf.TensorSpec([None, 4], tf.int32),
+        tf.TensorSpec([None], tf.int64),
+        tf.TensorSpec([None], tf.int32),
+    )
+    return step.get_concrete_function(*specs).graph.as_graph_def(add_shapes=True)
+
+
+def test_integer_inputs_stay_in_range():
+    gdef = _embedding_graph()
+    ops = {n.op for n in gdef.node}
+    assert {"GatherV2", "ResourceGather", "SparseSoftmaxCrossEntropyWithLogits"} <= ops
+    feeds = synthetic_inputs(gdef, 64)
+    assert feeds["tokens"].shape == (64, 4) and feeds["tokens"].dtype == np.int32
+    # Bounds: vocabulary 7, table rows 5, classes 6; all values drawn, none beyond.
+    assert feeds["tokens"].min() == 0 and feeds["tokens"].max() == 6
+    assert feeds["rows"].min() == 0 and feeds["rows"].max() == 4
+    assert feeds["y"].min() == 0 and feeds["y"].max() == 5
+    # An id out of range would make the CPU gather kernels raise.
+    result = measure(gdef.SerializeToString(), 64)
+    assert result.finite
+    table = [k for k, v in result.variables.items() if v.shape == (5, 3)]
+    assert len(table) == 1
+
+
+def test_out_of_range_index_raises_run_error():
+    params = tf.constant([[1.0], [2.0], [3.0], [4.0]])
+
+    @tf.function
+    def step(ids):
+        # ids + 3 hides the bound from the input: ids are drawn from [0, 2) and 4 is
+        # out of range for the 4 rows of params.
+        return tf.reduce_sum(tf.gather(params, ids + 3))
+
+    gdef = step.get_concrete_function(tf.TensorSpec([None], tf.int32)).graph.as_graph_def(
+        add_shapes=True
+    )
+    with pytest.raises(RunError) as info:
+        measure(gdef.SerializeToString(), 32)
+    message = str(info.value)
+    assert message.startswith("node 'GatherV2': ") and "is not in [0, 4)" in message
+    assert "\n" not in message
+
+
+def test_single_matmul_peak_is_exact():
+    w = tf.Variable(tf.zeros([8, 4]))
+
+    @tf.function
+    def step(x):
+        return tf.reduce_sum(tf.matmul(x, w))
+
+    gdef = step.get_concrete_function(tf.TensorSpec([None, 8])).graph.as_graph_def(add_shapes=True)
+    for batch in (16, 1000):
+        result = measure(gdef.SerializeToString(), batch)
+        feed, product, total = batch * 8 * 4, batch * 4 * 4, 4
+        # x is live all step; the Sum output is allocated before the MatMul output dies.
+        assert result.peak_bytes == {"CPU:0": feed + product + total}
+        by_node = {a.node: a for a in result.allocations}
+        assert set(by_node) == {"x", "MatMul", "Sum"}
+        assert by_node["MatMul"].bytes == product and by_node["MatMul"].free_us is not None
+        assert by_node["Sum"].bytes == total and by_node["Sum"].free_us is None  # fetched
+        # w (8x4 float32) and the reduction axes Const (2 int32).
+        assert result.persistent_bytes == {"CPU:0": 8 * 4 * 4 + 2 * 4}
+        assert list(result.variables) == ["MatMul/ReadVariableOp/resource"]
+
+
+def test_unknown_non_batch_dimension_raises_run_error():
+    @tf.function
+    def step(features):
+        return tf.reduce_sum(features)
+
+    gdef = step.get_concrete_function(tf.TensorSpec([None, None])).graph.as_graph_def(
+        add_shapes=True
+    )
+    with pytest.raises(RunError, match=r"input 'features': dimension 1 is unknown"):
+        measure(gdef.SerializeToString(), 4)
+
+
+def _two_device_graph(copy):
+    @tf.function
+    def step(x):
+        with tf.device("/device:CPU:0"):
+            big = tf.multiply(x, 2.0, name="big")
+        with tf.device("/device:CPU:1"):
+            host = copy(big)
+        with tf.device("/device:CPU:0"):
+            return tf.reduce_sum(tf.add(host, 1.0, name="back"), name="loss")
+
+    spec = tf.TensorSpec([None, 256])
+    return step.get_concrete_function(spec).graph.as_graph_def(add_shapes=True)
+
+
+def test_two_devices_deep_copy_allocates_on_host():
+    gdef = _two_device_graph(lambda t: tf.raw_ops.DeepCopy(x=t, name="swap"))
+    result = measure(gdef.SerializeToString(), 64, devices=2)
+    size = 64 * 256 * 4
+    assert set(result.peak_bytes) == {"CPU:0", "CPU:1"}
+    assert set(result.persistent_bytes) == {"CPU:0", "CPU:1"}
+    host = [a for a in result.allocations if a.device == "CPU:1"]
+    assert [(a.node, a.bytes) for a in host] == [("swap", size)]
+    # The copy lives on CPU:1 until its last consumer (on CPU:0) is done with it.
+    assert result.peak_bytes["CPU:1"] == size
+    # On CPU:0: the fed x and big; big dies once copied, before the loss scalar exists.
+    assert result.peak_bytes["CPU:0"] == 2 * size
+
+
+def test_two_devices_identity_shares_the_buffer():
+    gdef = _two_device_graph(lambda t: tf.identity(t, name="swap"))
+    result = measure(gdef.SerializeToString(), 64, devices=2)
+    size = 64 * 256 * 4
+    assert set(result.peak_bytes) == {"CPU:0", "CPU:1"}
+    assert result.peak_bytes["CPU:1"] == 0
+    assert not [a for a in result.allocations if a.device == "CPU:1"]
+    # big's buffer goes to CPU:1 and back uncopied, and is still alive when Sum allocates.
+    assert result.peak_bytes["CPU:0"] == 2 * size + 4
+
+
+def test_one_device_runs_host_nodes_on_cpu0():
+    gdef = _two_device_graph(lambda t: tf.raw_ops.DeepCopy(x=t, name="swap"))
+    result = measure(gdef.SerializeToString(), 64)
+    assert set(result.peak_bytes) == {"CPU:0"}
+    assert {a.device for a in result.allocations} == {"CPU:0"}
+
+
+def test_lstm_with_while_loops():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((5,), dtype="int32"),
+            keras.layers.Embedding(11, 4),
+            keras.layers.LSTM(6),
+            keras.layers.Dense(11),
+        ]
+    )
+    specs = (tf.TensorSpec([None, 5], tf.int32), tf.TensorSpec([None], tf.int32))
+    gdef = _train_step(model, keras.optimizers.SGD(0.1), specs)
+    assert {"While", "StatelessWhile"} & {n.op for n in gdef.node}
+    result = measure(gdef.SerializeToString(), 4)
+    assert result.finite
+    names = {n.name for n in gdef.node}
+    assert {a.node for a in result.allocations} <= names
+    whiles = {n.name for n in gdef.node if n.op in ("While", "StatelessWhile")}
+    assert whiles & {a.node for a in result.allocations}
