@@ -46,7 +46,7 @@ FORWARDING_OPS = frozenset({
     "Add", "AddV2", "Sub", "Mul", "MulNoNan", "Div", "RealDiv", "DivNoNan", "FloorDiv",
     "FloorMod", "TruncateDiv", "Maximum", "Minimum", "Pow", "SquaredDifference",
     "Atan2", "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual",
-    "LogicalAnd", "LogicalOr", "BiasAdd", "AddN",
+    "LogicalAnd", "LogicalOr", "BiasAdd", "AddN", "Softmax", "LogSoftmax",
     # activation gradients
     "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "SigmoidGrad", "TanhGrad",
     "SoftplusGrad", "SoftsignGrad", "LeakyReluGrad", "RsqrtGrad", "SqrtGrad",
@@ -78,6 +78,8 @@ class Buffer:
         True if it lives in host memory.
     scratch : bool
         True for a kernel's temporary workspace (allocated and freed within the op).
+    first, last : int
+        Positions in the executor schedule of its producer and of its last reader.
     """
 
     tensor: str
@@ -88,6 +90,8 @@ class Buffer:
     readers: tuple[int, ...]
     host: bool = False
     scratch: bool = False
+    first: int = 0
+    last: int = 0
 
     @property
     def distance(self) -> int:
@@ -153,6 +157,11 @@ class Simulation:
     unknown_size_tensors : tuple of str
         Tensors whose size is unknown (counted as 0 bytes).
     batch_size : int
+    level_peak_position : tuple of int
+        For each level, the schedule position (one of the level's ops) where the level's
+        device peak occurs.
+    peak_position : int
+        Schedule position of the overall peak.
     """
 
     device_curve: tuple[int, ...]
@@ -166,6 +175,8 @@ class Simulation:
     buffers: tuple[Buffer, ...]
     unknown_size_tensors: tuple[str, ...]
     batch_size: int
+    level_peak_position: tuple[int, ...] = ()
+    peak_position: int = 0
 
 
 @functools.cache
@@ -275,34 +286,43 @@ def simulate(
     buffers, persistent, feeds = _buffers(graph, ordering, sizes, host_op)
     if workspace == "cpu":
         buffers += _cpu_scratch(graph, ordering, sizes)
-    n_levels = ordering.num_levels
-    dev_alloc = [0] * (n_levels + 1)
-    dev_free = [0] * (n_levels + 1)
-    host_alloc = [0] * (n_levels + 1)
-    host_free = [0] * (n_levels + 1)
-    scratch = [0] * (n_levels + 1)  # ops of a level run one at a time: the largest counts
-    for b in buffers:
-        if b.scratch:
-            scratch[b.start] = max(scratch[b.start], b.bytes)
-        elif b.host:
-            host_alloc[b.start] += b.bytes
-            host_free[b.end] += b.bytes
+    n = len(graph.ops)
+    dev_alloc = [0] * (n + 1)
+    dev_free = [0] * (n + 1)
+    host_alloc = [0] * (n + 1)
+    host_free = [0] * (n + 1)
+    scratch = [0] * (n + 1)
+    for buf in buffers:
+        if buf.scratch:  # freed before the next op starts
+            scratch[buf.first] = max(scratch[buf.first], buf.bytes)
+        elif buf.host:
+            host_alloc[buf.first] += buf.bytes
+            host_free[buf.last] += buf.bytes
         else:
-            dev_alloc[b.start] += b.bytes
-            dev_free[b.end] += b.bytes
+            dev_alloc[buf.first] += buf.bytes
+            dev_free[buf.last] += buf.bytes
     base = persistent + feeds
-    device_curve: list[int] = []
-    host_curve: list[int] = []
+    levels = ordering.levels
+    n_levels = ordering.num_levels
+    device_curve = [-1] * n_levels
+    host_curve = [0] * n_levels
+    level_pos = [0] * n_levels
     live = host_live = 0
-    for level in range(n_levels):
-        live += dev_alloc[level]
-        host_live += host_alloc[level]
-        device_curve.append(base + live + scratch[level])
-        host_curve.append(host_live)
-        live -= dev_free[level]
-        host_live -= host_free[level]
-    peak = max(device_curve, default=base)
-    peak_level = device_curve.index(peak) if device_curve else 0
+    peak, peak_pos = base, 0
+    for pos, i in enumerate(ordering.schedule):
+        live += dev_alloc[pos]
+        host_live += host_alloc[pos]
+        now = base + live + scratch[pos]
+        lvl = levels[i]
+        if now > device_curve[lvl]:
+            device_curve[lvl] = now
+            level_pos[lvl] = pos
+        host_curve[lvl] = max(host_curve[lvl], host_live)
+        if now > peak:
+            peak, peak_pos = now, pos
+        live -= dev_free[pos]
+        host_live -= host_free[pos]
+    peak_level = levels[ordering.schedule[peak_pos]] if n else 0
     return Simulation(
         device_curve=tuple(device_curve),
         host_curve=tuple(host_curve),
@@ -315,6 +335,8 @@ def simulate(
         buffers=tuple(buffers),
         unknown_size_tensors=sizes.unknown,
         batch_size=sizes.batch_size,
+        level_peak_position=tuple(level_pos),
+        peak_position=peak_pos,
     )
 
 
@@ -328,6 +350,9 @@ def _buffers(
     ops = graph.ops
     adj = graph.adjacency
     level = ordering.levels
+    pos = [0] * len(ops)
+    for k, i in enumerate(ordering.schedule):
+        pos[i] = k
     consumers = adj.consumers
     nbytes = sizes.nbytes
     # Buffer of each tensor: id into the parallel lists below.
@@ -336,7 +361,6 @@ def _buffers(
     kind: list[str] = []  # "transient", "persistent", "feed"
     readers: list[list[int]] = []
     members: list[list[tuple[int, int]]] = []  # tensors that are views of each buffer
-    forwarded: dict[int, set[int]] = {}  # buffer -> ops that wrote their output into it
     persistent = sum(b for b in sizes.variable_bytes.values() if b > 0)
     feeds = 0
 
@@ -347,15 +371,15 @@ def _buffers(
         members.append([tensor])
         return len(root) - 1
 
-    for i in ordering.topo:
+    for i in ordering.schedule:
         op = ops[i]
         ins = adj.data_in[i]
         for t in ins:
             readers[owner[t]].append(i)
         for port, spec in enumerate(op.outputs):
             t = (i, port)
-            if op.type in ALIAS_OPS and ins:
-                src = ins[port] if op.type == "IdentityN" and port < len(ins) else ins[0]
+            src = _view_of(graph, sizes, i, port)
+            if src is not None:
                 owner[t] = owner[src]
                 members[owner[t]].append(t)
                 continue
@@ -371,34 +395,62 @@ def _buffers(
                 owner[t] = new_buffer(t, "persistent")
                 persistent += max(nbytes[i][port], 0)
                 continue
-            if port == 0 and op.type in FORWARDING_OPS:
-                b = _forwardable(
-                    graph, sizes, level, consumers, i, owner, kind, members, forwarded
-                )
-                if b is not None:
-                    owner[t] = b
-                    members[b].append(t)
-                    forwarded.setdefault(b, set()).add(i)
-                    continue
+            b = _forwardable(graph, sizes, pos, consumers, i, port, owner, kind, members)
+            if b is not None:
+                owner[t] = b
+                members[b].append(t)
+                continue
             owner[t] = new_buffer(t, "transient")
     out: list[Buffer] = []
     for b, (p, port) in enumerate(root):
         if kind[b] != "transient":
             continue
-        rs = sorted(set(readers[b]), key=lambda r: (level[r], r))
-        start = level[p]
-        end = max((level[r] for r in rs), default=start)
+        rs = sorted(set(readers[b]), key=lambda r: pos[r])
         op = ops[p]
         out.append(Buffer(
             tensor=f"{op.name}:{port}",
             bytes=max(nbytes[p][port], 0),
-            start=start,
-            end=end,
+            start=level[p],
+            end=max((level[r] for r in rs), default=level[p]),
             producer=p,
             readers=tuple(rs),
             host=host_op(op.device, dict(op.attrs)),
+            first=pos[p],
+            last=max((pos[r] for r in rs), default=pos[p]),
         ))
     return out, persistent, feeds
+
+
+_REDUCTIONS = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "All", "Any"})
+
+
+def _view_of(graph: Graph, sizes: Sizes, i: int, port: int) -> tuple[int, int] | None:
+    """The input tensor whose buffer output ``port`` of op ``i`` shares, if any.
+
+    Besides the view ops, a reduction over no axis (gradients of broadcasts reduce over
+    the axes that were broadcast, often none) and a transpose that keeps the memory
+    order hand their input through.
+    """
+    op = graph.ops[i]
+    ins = graph.adjacency.data_in[i]
+    if not ins:
+        return None
+    if op.type in ALIAS_OPS:
+        return ins[port] if op.type == "IdentityN" and port < len(ins) else ins[0]
+    if op.type in _REDUCTIONS or op.type in ("Transpose", "StridedSlice", "Slice"):
+        src = sizes.shapes[ins[0][0]][ins[0][1]]
+        out = sizes.shapes[i][port]
+        if src is None or out is None or -1 in src or -1 in out:
+            return None
+        if op.type == "Transpose":
+            perm = sizes.values.get(ins[1]) if len(ins) > 1 else None
+            if perm is None or len(perm) != len(src):
+                return None
+            moving = [k for k in perm if src[k] != 1]  # size-1 axes move for free
+            return ins[0] if moving == sorted(moving) else None
+        # a reduction over no axis, or a slice that keeps everything
+        return ins[0] if math.prod(src) == math.prod(out) else None
+    return None
 
 
 def _cpu_scratch(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffer]:
@@ -423,51 +475,67 @@ def _cpu_scratch(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffer]
     return out
 
 
+#: Kernels that may write output ``k`` into one of the given inputs (default: output 0
+#: into any input).
+_FORWARD_INTO = {
+    "SparseSoftmaxCrossEntropyWithLogits": (1, (0,)),
+    "SoftmaxCrossEntropyWithLogits": (1, (0,)),
+}
+
+
 def _forwardable(
     graph: Graph,
     sizes: Sizes,
-    level: tuple[int, ...],
+    pos: list[int],
     consumers: dict[tuple[int, int], tuple[int, ...]],
     i: int,
+    port: int,
     owner: dict[tuple[int, int], int],
     kind: list[str],
     members: list[list[tuple[int, int]]],
-    forwarded: dict[int, set[int]],
 ) -> int | None:
     """Buffer of an input that op ``i`` may overwrite in place, or None.
 
-    TensorFlow forwards an input when its buffer has no other reference: here, when the
-    input is transient, has the output's shape and dtype, is read once by op ``i``, and
-    every other reader of any view of its buffer runs at an earlier level.
+    TensorFlow forwards an input when its buffer has no other reference left: the input
+    is transient, has the output's shape and dtype, is read once by op ``i``, and every
+    other reader of any view of its buffer has already run.
     """
-    out_shape = sizes.shapes[i][0]
-    out_dtype = graph.ops[i].outputs[0].dtype
+    op = graph.ops[i]
+    out_port, candidates = _FORWARD_INTO.get(op.type, (0, None))
+    if port != out_port or (candidates is None and op.type not in FORWARDING_OPS):
+        return None
+    out_shape = sizes.shapes[i][port]
+    out_dtype = op.outputs[port].dtype
     if out_shape is None or -1 in out_shape:
         return None
-    li = level[i]
     ins = graph.adjacency.data_in[i]
-    for src in ins:
+    me = pos[i]
+    for k in candidates if candidates is not None else range(len(ins)):
+        if k >= len(ins):
+            continue
+        src = ins[k]
         b = owner[src]
         if kind[b] != "transient":
             continue
-        p, port = src
-        if sizes.shapes[p][port] != out_shape or graph.ops[p].outputs[port].dtype != out_dtype:
+        p, pt = src
+        if sizes.shapes[p][pt] != out_shape or graph.ops[p].outputs[pt].dtype != out_dtype:
             continue
         if sum(1 for s in ins if owner[s] == b) > 1:
             continue
-        # Readers in the same level run one after the other; the in-place op is taken to
-        # run last among them (TensorFlow forwards when the buffer's refcount drops to 1).
-        if all(
-            c == i or level[c] < li or (level[c] == li and c not in forwarded.get(b, ()))
-            for t in members[b] for c in consumers.get(t, ())
-        ):
+        if all(c == i or pos[c] < me for t in members[b] for c in consumers.get(t, ())):
             return b
     return None
 
 
 def live_at(sim: Simulation, level: int) -> tuple[Buffer, ...]:
-    """Buffers alive at ``level``, largest first (ties: allocation order)."""
-    live = [b for b in sim.buffers if b.start <= level <= b.end and not b.host]
+    """Device buffers alive when ``level`` reaches its peak, largest first."""
+    if not 0 <= level < len(sim.level_peak_position):
+        return ()
+    p = sim.level_peak_position[level]
+    live = [
+        b for b in sim.buffers
+        if not b.host and (b.first == p if b.scratch else b.first <= p <= b.last)
+    ]
     return tuple(sorted(live, key=lambda b: -b.bytes))
 
 

@@ -62,6 +62,10 @@ class Ordering:
         Category of each op.
     loss : str or None
         Name of the op identified as the loss, if the graph trains.
+    schedule : tuple of int
+        The order in which TensorFlow's executor runs the ops when it runs them one at a
+        time: first-in first-out in the order ops become ready, a consumer becoming ready
+        when its last producer finishes (consumers taken in source order).
     """
 
     levels: tuple[int, ...]
@@ -69,6 +73,7 @@ class Ordering:
     topo: tuple[int, ...]
     categories: tuple[str, ...]
     loss: str | None
+    schedule: tuple[int, ...]
 
     @property
     def num_levels(self) -> int:
@@ -134,13 +139,13 @@ def order(graph: Graph) -> Ordering:
     Ordering
         Levels, ops per level, a topological order and categories.
     """
-    lv, _ = _levels(graph)
+    lv, fifo = _levels(graph)
     by_level: list[list[int]] = [[] for _ in range(max(lv, default=-1) + 1)]
     for i, lvl in enumerate(lv):
         by_level[lvl].append(i)
     topo = tuple(i for ops in by_level for i in ops)
     cats, loss = _categories(graph, topo)
-    return Ordering(lv, tuple(tuple(o) for o in by_level), topo, cats, loss)
+    return Ordering(lv, tuple(tuple(o) for o in by_level), topo, cats, loss, fifo)
 
 
 def distance(ordering: Ordering, producer: int, consumer: int) -> int:

@@ -21,7 +21,7 @@ is reported in :attr:`Sizes.unknown` and counts as 0 bytes in the simulation, ne
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import ConfigError, GraphError
 from .ir import FEED_OPS, VARIABLE_OPS, Graph, Op, dtype_bytes
@@ -51,6 +51,9 @@ class Sizes:
     variable_bytes : dict
         Bytes of each variable, keyed by the op that holds it (``VarHandleOp`` or a
         resource placeholder).
+    values : dict
+        Values of the small integer tensors (shapes, axes, permutations) that could be
+        evaluated, keyed by ``(op index, port)``, flattened.
     """
 
     batch_size: int
@@ -59,6 +62,7 @@ class Sizes:
     unknown: tuple[str, ...]
     assumed: tuple[str, ...]
     variable_bytes: dict[str, int]
+    values: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
 
 
 def resolve(graph: Graph, batch_size: int) -> Sizes:
@@ -152,6 +156,7 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
         unknown=tuple(unknown),
         assumed=tuple(assumed),
         variable_bytes=var_bytes,
+        values={k: v[1] for k, v in vals.items()},
     )
 
 
@@ -519,4 +524,17 @@ def _shape_from_values(
         return v(1 if t == "BroadcastTo" else 0)
     if t == "Fill" and v(0) is not None:
         return v(0)
+    if t in ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3") and len(ins) >= 2:
+        a, b = in_shape(0), in_shape(1)
+        if not (_known(a) and _known(b)) or len(a) < 2 or len(b) < 2:
+            return None
+        ta = op.attrs.get("transpose_a", op.attrs.get("adj_x", False))
+        tb = op.attrs.get("transpose_b", op.attrs.get("adj_y", False))
+        rows = a[-1] if ta else a[-2]
+        cols = b[-2] if tb else b[-1]
+        batch_a, batch_b = a[:-2], b[:-2]
+        n = max(len(batch_a), len(batch_b))
+        batch_a = (1,) * (n - len(batch_a)) + batch_a
+        batch_b = (1,) * (n - len(batch_b)) + batch_b
+        return tuple(max(x, y) for x, y in zip(batch_a, batch_b, strict=True)) + (rows, cols)
     return None
