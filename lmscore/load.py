@@ -127,6 +127,7 @@ def _parse(data: bytes, source: str, text: bool | None) -> tuple[Any, bool]:
 def from_graphdef(gd: Any, *, source: str = "<graphdef>") -> Graph:
     """Build the IR from a parsed ``GraphDef`` message (TensorBoard's or TensorFlow's)."""
     sigs = op_signatures()
+    pushes = _list_pushes(gd)
     ops = []
     for node in gd.node:
         name = node.name
@@ -159,7 +160,7 @@ def from_graphdef(gd: Any, *, source: str = "<graphdef>") -> Graph:
             inputs=tuple(data_in),
             control_inputs=tuple(control_in),
             outputs=outputs,
-            attrs=_small_attrs(node),
+            attrs=_small_attrs(node, pushes),
         ))
     functions = frozenset(f.signature.name for f in gd.library.function)
     graph = Graph(tuple(ops), source, functions)
@@ -205,10 +206,12 @@ def _output_dtypes(node: Any, sig: dict[str, Any] | None, n_shapes: int | None) 
     return out
 
 
-def _small_attrs(node: Any) -> dict[str, Any]:
+def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None) -> dict[str, Any]:
     """Decode the few attributes analyses use; everything else stays in the source file."""
     attr = node.attr
     out: dict[str, Any] = {}
+    if node.op in ("While", "StatelessWhile") and pushes:
+        out["list_aliases"] = pushes.get(attr["body"].func.name, ())
     if node.op == "Const" and "value" in attr:
         t = attr["value"].tensor
         out["const_shape"] = tuple(d.size for d in t.tensor_shape.dim)
@@ -234,6 +237,34 @@ def _small_attrs(node: Any) -> dict[str, Any]:
     for key in _SCALAR_ATTRS:
         if key in attr and attr[key].WhichOneof("value") in ("b", "i"):
             out[key] = getattr(attr[key], attr[key].WhichOneof("value"))
+    return out
+
+
+#: Ops whose output refers to memory that already exists (nothing new is allocated).
+_REFERENCES = frozenset({"ReadVariableOp", "TensorListGetItem", "Identity", "Const"})
+
+
+def _list_pushes(gd: Any) -> dict[str, tuple[int, ...]]:
+    """For each loop body, the loop variables (lists) it pushes references into.
+
+    Gradient accumulators of a while loop collect one tensor per iteration. When that
+    tensor is a variable read or an element of another list, the list holds references
+    to memory that exists anyway; otherwise it keeps each iteration's fresh tensor alive.
+    """
+    out: dict[str, tuple[int, ...]] = {}
+    for f in gd.library.function:
+        args = {a.name: k for k, a in enumerate(f.signature.input_arg)}
+        nodes = {n.name: n for n in f.node_def}
+        aliases = []
+        for n in f.node_def:
+            if n.op != "TensorListPushBack" or len(n.input) < 2:
+                continue
+            k = args.get(n.input[0])
+            src = nodes.get(n.input[1].split(":")[0])
+            if k is not None and src is not None and src.op in _REFERENCES:
+                aliases.append(k)
+        if aliases:
+            out[f.signature.name] = tuple(aliases)
     return out
 
 

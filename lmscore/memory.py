@@ -457,6 +457,7 @@ def _cpu_scratch(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffer]
     """Workspace buffers of CPU convolution-gradient kernels, alive during their op."""
     out = []
     adj = graph.adjacency
+    pos = {i: k for k, i in enumerate(ordering.schedule)}
     for i, op in enumerate(graph.ops):
         if op.type not in _CONV_SCRATCH or len(adj.data_in[i]) < 3 or not op.outputs:
             continue
@@ -471,7 +472,9 @@ def _cpu_scratch(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffer]
         )
         if b:
             lvl = ordering.levels[i]
-            out.append(Buffer(f"{op.name}/scratch", b, lvl, lvl, i, (), scratch=True))
+            out.append(Buffer(
+                f"{op.name}/scratch", b, lvl, lvl, i, (), scratch=True, first=pos[i], last=pos[i]
+            ))
     return out
 
 

@@ -203,14 +203,14 @@ def _size_tensor_lists(
         elif op.type == "TensorListFromTensor" and ins:
             sizes[0] = nbytes[ins[0][0]][ins[0][1]]
         elif op.type in _WHILE_OPS:
+            aliases = op.attrs.get("list_aliases", ())
             for k, src in enumerate(ins[: len(op.outputs)]):
                 if op.outputs[k].dtype != "variant":
                     continue
-                if src in capacity:
-                    sizes[k] = capacity[src]
-                    capacity[(i, k)] = capacity[src]
+                if src in capacity:  # a list made empty before the loop, filled by it
+                    sizes[k] = 0 if k in aliases else capacity[src]
                 else:  # lists the loop consumes (a gradient loop pops its accumulators)
-                    sizes[k] = 0 if nbytes[src[0]][src[1]] >= 0 else -1
+                    sizes[k] = 0
         elif op.type in ("Identity", "ZerosLike") and ins and ins[0] in capacity:
             capacity[(i, 0)] = capacity[ins[0]]
             sizes[0] = 0 if op.type == "ZerosLike" else nbytes[ins[0][0]][ins[0][1]]
