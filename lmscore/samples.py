@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import json
 import pathlib
-from importlib import resources
 from typing import Any
 
 
 def sample_dir() -> pathlib.Path:
     """Directory holding the bundled sample GraphDefs and ``samples.json``."""
-    try:
-        installed = pathlib.Path(str(resources.files("lmscore.data.sample_graphs")))
-        if (installed / "samples.json").exists():
-            return installed
-    except ModuleNotFoundError:
-        pass
-    return pathlib.Path(__file__).resolve().parent.parent / "sample_graphs"
+    here = pathlib.Path(__file__).resolve().parent
+    installed = here / "data" / "sample_graphs"  # where ``pip install .`` puts them
+    if (installed / "samples.json").exists():
+        return installed
+    return here.parent / "sample_graphs"
 
 
 def samples() -> list[dict[str, Any]]:

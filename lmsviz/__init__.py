@@ -1,0 +1,1 @@
+"""lmsviz: the local web app over lmscore (layout, callbacks and figure builders only)."""
