@@ -13,7 +13,6 @@ from tensorboard.compat.proto import graph_pb2
 
 from lmscore.samples import sample_dir
 
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
