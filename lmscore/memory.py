@@ -433,7 +433,7 @@ def _view_of(graph: Graph, sizes: Sizes, i: int, port: int) -> tuple[int, int] |
     """
     op = graph.ops[i]
     ins = graph.adjacency.data_in[i]
-    if not ins:
+    if not ins or op.attrs.get("_lms_role"):  # swap ops are copies, never views
         return None
     if op.type in ALIAS_OPS:
         return ins[port] if op.type == "IdentityN" and port < len(ins) else ins[0]

@@ -1,0 +1,636 @@
+"""Swap plans: the explicit list of rewrite decisions, as versioned JSON.
+
+A :class:`Plan` says, for each swapped tensor, which consumers read it back from the host
+and in which groups (one swap-in per group), which op triggers each swap-in (or that it
+is synchronous), the sync mode and the serialized levels. Plans come from the TFLMS
+knobs (:func:`plan_from_params`), from the tuner, or from hand edits (:func:`add_swap`,
+:func:`remove_swap`, :func:`regroup`, :func:`move_trigger`); :func:`lmscore.rewrite.rewrite`
+applies any of them, so every path is one path.
+
+Candidate selection is a conjunction of small predicates (accelerator op, not state or
+feed, rank >= 2, known size, a consumer beyond the threshold, scope and type filters).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .errors import ConfigError, PlanError
+from .ir import Graph, split_tensor
+from .order import BACKWARD, FORWARD, Ordering, order
+from .shapes import Sizes, resolve
+
+PLAN_VERSION = 1
+SYNC_MODES = {0: "none", 1: "swap-outs", 2: "swap-ins", 3: "both"}
+#: Levels searched around ``first consumer - ahead`` for a trigger.
+DEFAULT_TRIGGER_WINDOW = 10
+_FLOATS = frozenset({"float", "double", "half", "bfloat16"})
+
+
+@dataclass(frozen=True)
+class SwapIn:
+    """One swap-in: the consumers it serves and the op that triggers it.
+
+    Attributes
+    ----------
+    consumers : tuple of str
+        Names of the ops that read the tensor through this swap-in.
+    trigger : str or None
+        Op after which the swap-in may start (a control edge); None = synchronous
+        (it runs as soon as the swap-out is done).
+    """
+
+    consumers: tuple[str, ...]
+    trigger: str | None = None
+
+
+@dataclass(frozen=True)
+class Swap:
+    """A swapped tensor: one swap-out, one or more swap-ins.
+
+    Attributes
+    ----------
+    tensor : str
+        ``"op:port"``.
+    swap_ins : tuple of SwapIn
+    """
+
+    tensor: str
+    swap_ins: tuple[SwapIn, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The decisions of a rewrite.
+
+    Attributes
+    ----------
+    graph : str
+        Fingerprint of the graph the plan was made for (:func:`fingerprint`).
+    swaps : tuple of Swap
+    sync_mode : int
+        0 none, 1 swap-outs synchronous, 2 swap-ins synchronous, 3 both.
+    serialize : tuple of int
+        Levels whose ops are chained by control edges.
+    params : dict
+        How the plan was made (knobs, tuner settings); informational.
+    version : int
+    """
+
+    graph: str
+    swaps: tuple[Swap, ...] = ()
+    sync_mode: int = 0
+    serialize: tuple[int, ...] = ()
+    params: dict[str, Any] = field(default_factory=dict)
+    version: int = PLAN_VERSION
+
+    def swapped(self) -> tuple[str, ...]:
+        """Names of the swapped tensors."""
+        return tuple(s.tensor for s in self.swaps)
+
+    def to_json(self) -> str:
+        """Serialize to the versioned JSON format (stable key order)."""
+        doc = {
+            "version": self.version,
+            "graph": self.graph,
+            "sync_mode": self.sync_mode,
+            "serialize": list(self.serialize),
+            "params": self.params,
+            "swaps": [
+                {
+                    "tensor": s.tensor,
+                    "swap_ins": [
+                        {"consumers": list(g.consumers), "trigger": g.trigger}
+                        for g in s.swap_ins
+                    ],
+                }
+                for s in self.swaps
+            ],
+        }
+        return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def fingerprint(graph: Graph) -> str:
+    """A short digest of the graph's op names and types: plans name graphs by it."""
+    h = hashlib.sha256()
+    for op in graph.ops:
+        if op.attrs.get("_lms_role"):
+            continue  # a rewritten graph keeps the fingerprint of its original
+        h.update(op.name.encode())
+        h.update(b"\0")
+        h.update(op.type.encode())
+        h.update(b"\n")
+    return h.hexdigest()[:16]
+
+
+def plan_from_json(text: str, source: str = "<plan>") -> Plan:
+    """Parse a plan; every malformed field raises :class:`PlanError` naming it."""
+    try:
+        doc = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PlanError(f"{source}: not JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+    if not isinstance(doc, dict):
+        raise PlanError(f"{source}: a plan is a JSON object")
+    version = doc.get("version")
+    if version != PLAN_VERSION:
+        raise PlanError(f"{source}: plan version {version!r} is not supported (expected "
+                        f"{PLAN_VERSION})")
+    graph = _field(doc, "graph", str, source)
+    sync = doc.get("sync_mode", 0)
+    if sync not in SYNC_MODES:
+        raise PlanError(f"{source}: sync_mode must be 0-3, got {sync!r}")
+    serialize = doc.get("serialize", [])
+    if not isinstance(serialize, list) or not all(isinstance(x, int) for x in serialize):
+        raise PlanError(f"{source}: serialize must be a list of levels")
+    params = doc.get("params", {})
+    if not isinstance(params, dict):
+        raise PlanError(f"{source}: params must be an object")
+    swaps = []
+    for k, s in enumerate(_field(doc, "swaps", list, source)):
+        where = f"{source}: swaps[{k}]"
+        if not isinstance(s, dict):
+            raise PlanError(f"{where} must be an object")
+        tensor = _field(s, "tensor", str, where)
+        groups = []
+        for j, g in enumerate(_field(s, "swap_ins", list, where)):
+            gw = f"{where}.swap_ins[{j}]"
+            if not isinstance(g, dict):
+                raise PlanError(f"{gw} must be an object")
+            consumers = _field(g, "consumers", list, gw)
+            if not consumers or not all(isinstance(c, str) for c in consumers):
+                raise PlanError(f"{gw}.consumers must be a non-empty list of op names")
+            trigger = g.get("trigger")
+            if trigger is not None and not isinstance(trigger, str):
+                raise PlanError(f"{gw}.trigger must be an op name or null")
+            groups.append(SwapIn(tuple(consumers), trigger))
+        swaps.append(Swap(tensor, tuple(groups)))
+    return Plan(graph, tuple(swaps), sync, tuple(serialize), params, version)
+
+
+def _field(doc: dict, key: str, typ: type, where: str) -> Any:
+    if key not in doc:
+        raise PlanError(f"{where}: missing field {key!r}")
+    if not isinstance(doc[key], typ):
+        raise PlanError(f"{where}: field {key!r} must be a {typ.__name__}")
+    return doc[key]
+
+
+def load_plan(path: str | os.PathLike[str]) -> Plan:
+    """Read a plan file (see :func:`plan_from_json`)."""
+    p = pathlib.Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise PlanError(f"{p}: no such plan file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise PlanError(f"{p}: cannot read the plan ({e})") from None
+    return plan_from_json(text, str(p))
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
+    """Write ``data`` to a temporary file beside ``path`` and rename it into place.
+
+    Raises
+    ------
+    ConfigError
+        If the destination cannot be written (missing directory, read-only...).
+    """
+    p = pathlib.Path(path)
+    blob = data.encode() if isinstance(data, str) else data
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent or ".")
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot write ({e.strerror})") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, p)
+    except OSError as e:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise ConfigError(f"{p}: cannot write ({e.strerror})") from None
+
+
+def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
+    """Write ``plan`` as JSON, atomically."""
+    write_atomic(path, plan.to_json())
+
+
+# --- Candidates -------------------------------------------------------------------------
+
+Predicate = Callable[[Graph, Ordering, Sizes, int, int], bool]
+
+
+def on_accelerator(graph: Graph, ordering: Ordering, sizes: Sizes, i: int, port: int) -> bool:
+    """The producer computes on the accelerator: a forward or backward op."""
+    return ordering.categories[i] in (FORWARD, BACKWARD) and not graph.ops[i].attrs.get(
+        "_lms_role"
+    )
+
+
+def rank_at_least_2(graph: Graph, ordering: Ordering, sizes: Sizes, i: int, port: int) -> bool:
+    """The tensor is a matrix or more (activations, not scalars or shape vectors)."""
+    shape = sizes.shapes[i][port]
+    return shape is not None and len(shape) >= 2 and graph.ops[i].outputs[port].dtype in _FLOATS
+
+
+def known_size(graph: Graph, ordering: Ordering, sizes: Sizes, i: int, port: int) -> bool:
+    """Its size is known (unknown sizes cannot be accounted for)."""
+    return sizes.nbytes[i][port] > 0
+
+
+def in_scopes(scopes: Sequence[str]) -> Predicate:
+    """The producer's name is in one of ``scopes`` (prefixes)."""
+    def pred(graph: Graph, ordering: Ordering, sizes: Sizes, i: int, port: int) -> bool:
+        return any(graph.ops[i].name.startswith(s) for s in scopes)
+    return pred
+
+
+def of_types(types: Iterable[str]) -> Predicate:
+    """The producer's op type is one of ``types``."""
+    wanted = frozenset(types)
+
+    def pred(graph: Graph, ordering: Ordering, sizes: Sizes, i: int, port: int) -> bool:
+        return graph.ops[i].type in wanted
+    return pred
+
+
+def negate(p: Predicate) -> Predicate:
+    """Logical not of a predicate."""
+    return lambda *a: not p(*a)
+
+
+DEFAULT_PREDICATES: tuple[Predicate, ...] = (on_accelerator, rank_at_least_2, known_size)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A tensor that may be swapped, with its far consumers.
+
+    Attributes
+    ----------
+    tensor : str
+    bytes : int
+    producer_level : int
+    far : tuple of str
+        Consumers beyond the threshold, by level.
+    near : tuple of str
+        Consumers that keep reading the original tensor.
+    """
+
+    tensor: str
+    bytes: int
+    producer_level: int
+    far: tuple[str, ...]
+    near: tuple[str, ...]
+
+
+def candidates(
+    graph: Graph,
+    sizes: Sizes,
+    threshold: int,
+    predicates: Sequence[Predicate] = DEFAULT_PREDICATES,
+) -> tuple[Candidate, ...]:
+    """Tensors with at least one consumer more than ``threshold`` levels after them."""
+    ordering = order(graph)
+    lv = ordering.levels
+    adj = graph.adjacency
+    out = []
+    for i, op in enumerate(graph.ops):
+        for port in range(len(op.outputs)):
+            readers = adj.consumers.get((i, port))
+            if not readers or not all(p(graph, ordering, sizes, i, port) for p in predicates):
+                continue
+            far = sorted(
+                {c for c in readers if lv[c] - lv[i] > threshold}, key=lambda c: (lv[c], c)
+            )
+            if not far:
+                continue
+            near = sorted({c for c in readers if lv[c] - lv[i] <= threshold})
+            out.append(Candidate(
+                tensor=f"{op.name}:{port}",
+                bytes=sizes.nbytes[i][port],
+                producer_level=lv[i],
+                far=tuple(graph.ops[c].name for c in far),
+                near=tuple(graph.ops[c].name for c in near),
+            ))
+    return tuple(out)
+
+
+# --- Plans from parameters --------------------------------------------------------------
+
+
+def plan_from_params(
+    graph: Graph,
+    batch_size: int,
+    *,
+    threshold: int = 5,
+    ahead: int = 1,
+    groupby: int = 5,
+    sync_mode: int = 0,
+    serialize: Sequence[int] = (),
+    serialize_min_bytes: int | None = None,
+    include_scopes: Sequence[str] = (),
+    exclude_scopes: Sequence[str] = (),
+    include_types: Sequence[str] = (),
+    exclude_types: Sequence[str] = (),
+    trigger_window: int = DEFAULT_TRIGGER_WINDOW,
+    sizes: Sizes | None = None,
+) -> Plan:
+    """Make a plan from the TFLMS v2 knobs.
+
+    Parameters
+    ----------
+    graph : Graph
+    batch_size : int
+    threshold : int
+        Consumers more than ``threshold`` levels after the producer read from the host.
+    ahead : int
+        Swap-ins are triggered about ``ahead`` levels before their first consumer.
+    groupby : int
+        Far consumers within ``groupby`` levels of the group's first share one swap-in.
+    sync_mode : int
+        0-3, see :data:`SYNC_MODES`.
+    serialize : sequence of int
+        Levels whose ops are chained.
+    serialize_min_bytes : int, optional
+        Also serialize every level whose simulated device memory exceeds this.
+    include_scopes, exclude_scopes, include_types, exclude_types : sequence of str
+        Restrict candidates by producer name prefix and op type.
+    trigger_window : int
+        How many levels around ``ahead`` are searched for a trigger.
+    sizes : Sizes, optional
+
+    Returns
+    -------
+    Plan
+
+    Raises
+    ------
+    ConfigError
+        If a knob is out of range.
+    """
+    _check_knobs(threshold, ahead, groupby, sync_mode, trigger_window)
+    sizes = sizes or resolve(graph, batch_size)
+    preds = list(DEFAULT_PREDICATES)
+    if include_scopes:
+        preds.append(in_scopes(include_scopes))
+    if exclude_scopes:
+        preds.append(negate(in_scopes(exclude_scopes)))
+    if include_types:
+        preds.append(of_types(include_types))
+    if exclude_types:
+        preds.append(negate(of_types(exclude_types)))
+    ordering = order(graph)
+    swaps = []
+    for cand in candidates(graph, sizes, threshold, preds):
+        groups = group_consumers(graph, cand.far, groupby)
+        swap_ins = tuple(
+            SwapIn(g, find_trigger(graph, cand.tensor, g, ahead, trigger_window))
+            for g in groups
+        )
+        swaps.append(Swap(cand.tensor, swap_ins))
+    levels = set(serialize)
+    if serialize_min_bytes is not None:
+        from .memory import simulate
+
+        sim = simulate(graph, batch_size, sizes=sizes)
+        levels |= {k for k, v in enumerate(sim.device_curve) if v > serialize_min_bytes}
+    for level in levels:
+        if not 0 <= level < ordering.num_levels:
+            raise ConfigError(f"serialize: level {level} is outside 0..{ordering.num_levels - 1}")
+    return Plan(
+        graph=fingerprint(graph),
+        swaps=tuple(swaps),
+        sync_mode=sync_mode,
+        serialize=tuple(sorted(levels)),
+        params={
+            "batch_size": batch_size, "threshold": threshold, "ahead": ahead,
+            "groupby": groupby, "sync_mode": sync_mode,
+        },
+    )
+
+
+def _check_knobs(threshold: int, ahead: int, groupby: int, sync_mode: int, window: int) -> None:
+    for name, value, low in (("threshold", threshold, 1), ("ahead", ahead, 1),
+                             ("groupby", groupby, 0), ("trigger window", window, 0)):
+        if not isinstance(value, int) or value < low:
+            raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+    if sync_mode not in SYNC_MODES:
+        raise ConfigError(f"sync mode must be 0, 1, 2 or 3, got {sync_mode!r}")
+
+
+def group_consumers(graph: Graph, consumers: Sequence[str], groupby: int) -> list[tuple[str, ...]]:
+    """Group consumers (sorted by level): each group spans at most ``groupby`` levels."""
+    lv = order(graph).levels
+    idx = graph.index
+    ordered = sorted(consumers, key=lambda c: (lv[idx[c]], idx[c]))
+    groups: list[list[str]] = []
+    for c in ordered:
+        if groups and lv[idx[c]] - lv[idx[groups[-1][0]]] <= groupby:
+            groups[-1].append(c)
+        else:
+            groups.append([c])
+    return [tuple(g) for g in groups]
+
+
+def find_trigger(
+    graph: Graph, tensor: str, consumers: Sequence[str], ahead: int, window: int
+) -> str | None:
+    """The op that should start a swap-in, or None when none fits (synchronous).
+
+    The trigger lies about ``ahead`` levels before the group's first consumer, after the
+    tensor's producer, on the accelerator (a forward or backward op), and must reach the
+    first consumer, so the control edge cannot make a cycle. Levels are searched from
+    ``first - ahead`` outwards (nearer first) within ``window`` levels.
+    """
+    ordering = order(graph)
+    lv = ordering.levels
+    idx = graph.index
+    producer = idx[split_tensor(tensor)[0]]
+    first = min((idx[c] for c in consumers), key=lambda c: (lv[c], c))
+    target = lv[first] - ahead
+    lowest = max(lv[producer] + 1, target - window)
+    if lowest >= lv[first]:
+        return None
+    # Ancestors of the first consumer down to the lowest level searched.
+    adj = graph.adjacency
+    seen = {first}
+    stack = [first]
+    while stack:
+        for p in adj.preds[stack.pop()]:
+            if p not in seen and lv[p] >= lowest:
+                seen.add(p)
+                stack.append(p)
+    by_level: dict[int, list[int]] = {}
+    for i in seen:
+        if i != first and ordering.categories[i] in (FORWARD, BACKWARD) and not graph.ops[
+            i
+        ].attrs.get("_lms_role"):
+            by_level.setdefault(lv[i], []).append(i)
+    order_of_levels = sorted(
+        range(lowest, lv[first]), key=lambda level: (abs(level - target), level < target)
+    )
+    for level in order_of_levels:
+        if level in by_level:
+            return graph.ops[min(by_level[level])].name
+    return None
+
+
+# --- Validation and hand edits -----------------------------------------------------------
+
+
+def check_plan(graph: Graph, plan: Plan) -> None:
+    """Check that ``plan`` fits ``graph``.
+
+    Raises
+    ------
+    PlanError
+        Naming the first problem: another graph, an unknown tensor, consumer or trigger,
+        a consumer that does not read the tensor, a consumer served twice, a trigger that
+        cannot reach its first consumer or runs before the producer, a level out of range.
+    """
+    if plan.version != PLAN_VERSION:
+        raise PlanError(f"plan version {plan.version} is not supported")
+    if plan.graph != fingerprint(graph):
+        raise PlanError(f"the plan was made for another graph (fingerprint {plan.graph}, "
+                        f"{graph.source} has {fingerprint(graph)})")
+    ordering = order(graph)
+    lv = ordering.levels
+    idx = graph.index
+    adj = graph.adjacency
+    seen_tensors: set[str] = set()
+    for s in plan.swaps:
+        op_name, port = split_tensor(s.tensor)
+        if op_name not in idx or port >= len(graph.ops[idx[op_name]].outputs):
+            raise PlanError(f"swap of unknown tensor {s.tensor!r}")
+        if s.tensor in seen_tensors:
+            raise PlanError(f"tensor {s.tensor!r} is swapped twice")
+        seen_tensors.add(s.tensor)
+        if not s.swap_ins:
+            raise PlanError(f"swap of {s.tensor!r} has no swap-in")
+        producer = idx[op_name]
+        readers = set(adj.consumers.get((producer, port), ()))
+        served: set[str] = set()
+        for g in s.swap_ins:
+            for c in g.consumers:
+                if c not in idx:
+                    raise PlanError(f"swap of {s.tensor!r}: unknown consumer {c!r}")
+                if idx[c] not in readers:
+                    raise PlanError(f"swap of {s.tensor!r}: {c!r} does not read it")
+                if c in served:
+                    raise PlanError(f"swap of {s.tensor!r}: consumer {c!r} is in two groups")
+                served.add(c)
+            if g.trigger is not None:
+                if g.trigger not in idx:
+                    raise PlanError(f"swap of {s.tensor!r}: unknown trigger {g.trigger!r}")
+                t = idx[g.trigger]
+                first = min((idx[c] for c in g.consumers), key=lambda c: (lv[c], c))
+                if lv[t] <= lv[producer]:
+                    raise PlanError(f"swap of {s.tensor!r}: trigger {g.trigger!r} (level "
+                                    f"{lv[t]}) does not come after the producer (level "
+                                    f"{lv[producer]})")
+                if not _reaches(graph, t, first, lv):
+                    raise PlanError(f"swap of {s.tensor!r}: trigger {g.trigger!r} cannot "
+                                    f"reach consumer {graph.ops[first].name!r}")
+    for level in plan.serialize:
+        if not 0 <= level < ordering.num_levels:
+            raise PlanError(f"serialize: level {level} is outside 0..{ordering.num_levels - 1}")
+
+
+def _reaches(graph: Graph, src: int, dst: int, lv: tuple[int, ...]) -> bool:
+    if lv[src] >= lv[dst]:
+        return False
+    succs = graph.adjacency.succs
+    seen = {src}
+    stack = [src]
+    while stack:
+        for s in succs[stack.pop()]:
+            if s == dst:
+                return True
+            if s not in seen and lv[s] < lv[dst]:
+                seen.add(s)
+                stack.append(s)
+    return False
+
+
+def remove_swap(plan: Plan, tensor: str) -> Plan:
+    """The plan without the swap of ``tensor``."""
+    if tensor not in plan.swapped():
+        raise PlanError(f"tensor {tensor!r} is not swapped by this plan")
+    return replace(plan, swaps=tuple(s for s in plan.swaps if s.tensor != tensor))
+
+
+def add_swap(
+    graph: Graph,
+    plan: Plan,
+    tensor: str,
+    *,
+    threshold: int = 1,
+    ahead: int = 1,
+    groupby: int = 5,
+    window: int = DEFAULT_TRIGGER_WINDOW,
+) -> Plan:
+    """The plan with ``tensor`` swapped for its consumers beyond ``threshold`` levels."""
+    if tensor in plan.swapped():
+        raise PlanError(f"tensor {tensor!r} is already swapped")
+    op_name, port = split_tensor(tensor)
+    if op_name not in graph.index:
+        raise PlanError(f"unknown tensor {tensor!r}")
+    i = graph.index[op_name]
+    lv = order(graph).levels
+    readers = graph.adjacency.consumers.get((i, port), ())
+    far = [graph.ops[c].name for c in readers if lv[c] - lv[i] > threshold]
+    if not far:
+        raise PlanError(f"tensor {tensor!r} has no consumer more than {threshold} level(s) "
+                        "after it: nothing to swap")
+    groups = group_consumers(graph, far, groupby)
+    swap = Swap(tensor, tuple(
+        SwapIn(g, find_trigger(graph, tensor, g, ahead, window)) for g in groups
+    ))
+    new = replace(plan, swaps=plan.swaps + (swap,))
+    check_plan(graph, new)
+    return new
+
+
+def regroup(graph: Graph, plan: Plan, tensor: str, groups: Sequence[Sequence[str]]) -> Plan:
+    """Replace the consumer groups of ``tensor``; triggers are kept where still valid."""
+    old = _swap_of(plan, tensor)
+    kept = {g.consumers[0]: g.trigger for g in old.swap_ins}
+    swap = Swap(tensor, tuple(SwapIn(tuple(g), kept.get(g[0]) if g else None) for g in groups))
+    new = replace(plan, swaps=tuple(swap if s.tensor == tensor else s for s in plan.swaps))
+    check_plan(graph, new)
+    return new
+
+
+def move_trigger(
+    graph: Graph, plan: Plan, tensor: str, group: int, trigger: str | None
+) -> Plan:
+    """Set the trigger of swap-in ``group`` of ``tensor`` (None = synchronous)."""
+    old = _swap_of(plan, tensor)
+    if not 0 <= group < len(old.swap_ins):
+        raise PlanError(f"tensor {tensor!r} has no swap-in group {group}")
+    groups = list(old.swap_ins)
+    groups[group] = SwapIn(groups[group].consumers, trigger)
+    swap = Swap(tensor, tuple(groups))
+    new = replace(plan, swaps=tuple(swap if s.tensor == tensor else s for s in plan.swaps))
+    check_plan(graph, new)
+    return new
+
+
+def _swap_of(plan: Plan, tensor: str) -> Swap:
+    for s in plan.swaps:
+        if s.tensor == tensor:
+            return s
+    raise PlanError(f"tensor {tensor!r} is not swapped by this plan")
+
+
+def empty_plan(graph: Graph) -> Plan:
+    """A plan that swaps nothing."""
+    return Plan(graph=fingerprint(graph))

@@ -1,0 +1,197 @@
+"""Apply a swap plan: a new graph with swap-outs, swap-ins, rewired consumers and triggers.
+
+For a swapped tensor ``t = p:0`` read near by ``a`` and far by ``c1``, ``c2``::
+
+    before:   p --t--> a            after:   p --t--> a
+              p --t--> c1                    p --t--> lms/swapout_p_0 (host)
+              p --t--> c2                    lms/swapout_p_0 --> lms/swapin_p_0_0 (device)
+                                             trigger ..ctl..> lms/swapin_p_0_0
+                                             lms/swapin_p_0_0 --> c1, c2
+
+Sync mode 1 adds ``swapout ..ctl..> s`` for every other successor ``s`` of ``p`` (compute
+waits for the copy out); sync mode 2 adds ``swapin ..ctl..> s`` for every successor ``s`` of
+the trigger (compute waits for the copy in); mode 3 both. Serialization chains the ops of
+each chosen level: ``o1 ..ctl..> o2 ..ctl..> o3``.
+
+Swap ops are ``Identity`` ops marked ``_lms_role`` (``swap_out``/``swap_in``); export turns
+them into host/accelerator placements (or real copies on the emulated accelerator). Names
+are deterministic. A swap whose edges would make a cycle is skipped and reported.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from .errors import GraphError, PlanError
+from .ir import Graph, Op, lint, split_tensor
+from .order import order
+from .plan import Plan, Swap, check_plan
+
+SWAP_OUT, SWAP_IN = "swap_out", "swap_in"
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """Result of :func:`rewrite`.
+
+    Attributes
+    ----------
+    graph : Graph
+        The rewritten graph (linted).
+    plan : Plan
+        The plan that was applied (without the skipped swaps).
+    swap_outs, swap_ins : tuple of str
+        Names of the added ops.
+    synchronous : tuple of str
+        Swap-ins without a trigger.
+    skipped : tuple of (str, str)
+        ``(tensor, reason)`` for swaps that could not be placed.
+    """
+
+    graph: Graph
+    plan: Plan
+    swap_outs: tuple[str, ...]
+    swap_ins: tuple[str, ...]
+    synchronous: tuple[str, ...]
+    skipped: tuple[tuple[str, str], ...]
+
+
+def swap_names(tensor: str, groups: int) -> tuple[str, list[str]]:
+    """Deterministic names of the swap-out and swap-ins of ``tensor``.
+
+    >>> swap_names("block1/conv:0", 2)
+    ('lms/swapout_block1/conv_0', ['lms/swapin_block1/conv_0_0', 'lms/swapin_block1/conv_0_1'])
+    """
+    base = re.sub(r"[^A-Za-z0-9_./-]", "_", tensor.replace(":", "_"))
+    return f"lms/swapout_{base}", [f"lms/swapin_{base}_{k}" for k in range(groups)]
+
+
+def rewrite(graph: Graph, plan: Plan) -> Rewrite:
+    """Apply ``plan`` to ``graph`` and lint the result.
+
+    Parameters
+    ----------
+    graph : Graph
+        The original training step.
+    plan : Plan
+        Checked against the graph first (:func:`lmscore.plan.check_plan`).
+
+    Returns
+    -------
+    Rewrite
+
+    Raises
+    ------
+    PlanError
+        If the plan does not fit the graph.
+    """
+    check_plan(graph, plan)
+    try:
+        new, added = _apply(graph, plan, plan.swaps)
+        lint(new)
+        skipped: list[tuple[str, str]] = []
+        kept = plan.swaps
+    except GraphError:
+        # Some swap's sync edges close a cycle: add swaps one at a time, skip the culprits.
+        kept_list: list[Swap] = []
+        skipped = []
+        for s in plan.swaps:
+            try:
+                lint(_apply(graph, plan, (*kept_list, s))[0])
+                kept_list.append(s)
+            except GraphError as e:
+                skipped.append((s.tensor, str(e).split(": ", 1)[-1]))
+        kept = tuple(kept_list)
+        new, added = _apply(graph, plan, kept)
+        lint(new)
+    _check_rewired(new, kept)
+    outs = tuple(n for n, role in added if role == SWAP_OUT)
+    ins = tuple(n for n, role in added if role == SWAP_IN)
+    sync = tuple(
+        name for s in kept
+        for name, g in zip(swap_names(s.tensor, len(s.swap_ins))[1], s.swap_ins, strict=True)
+        if g.trigger is None
+    )
+    return Rewrite(new, replace(plan, swaps=kept), outs, ins, sync, tuple(skipped))
+
+
+def _apply(
+    graph: Graph, plan: Plan, swaps: tuple[Swap, ...]
+) -> tuple[Graph, list[tuple[str, str]]]:
+    ops = {op.name: op for op in graph.ops}
+    order_names = [op.name for op in graph.ops]
+    extra_ctl: dict[str, list[str]] = {}
+    added: list[tuple[str, str]] = []
+    adj = graph.adjacency
+    for s in swaps:
+        producer, port = split_tensor(s.tensor)
+        spec = ops[producer].outputs[port]
+        out_name, in_names = swap_names(s.tensor, len(s.swap_ins))
+        out_name = _unique(out_name, ops)
+        ops[out_name] = Op(
+            out_name, "Identity", inputs=(s.tensor,), outputs=(spec,),
+            attrs={"_lms_role": SWAP_OUT, "_lms_tensor": s.tensor},
+        )
+        order_names.append(out_name)
+        added.append((out_name, SWAP_OUT))
+        served: set[str] = set()
+        for k, (name, g) in enumerate(zip(in_names, s.swap_ins, strict=True)):
+            name = _unique(name, ops)
+            ops[name] = Op(
+                name, "Identity", inputs=(f"{out_name}:0",),
+                control_inputs=(g.trigger,) if g.trigger else (),
+                outputs=(spec,),
+                attrs={"_lms_role": SWAP_IN, "_lms_tensor": s.tensor, "_lms_group": k},
+            )
+            order_names.append(name)
+            added.append((name, SWAP_IN))
+            for c in g.consumers:
+                op = ops[c]
+                ops[c] = replace(op, inputs=tuple(
+                    f"{name}:0" if t == s.tensor else t for t in op.inputs
+                ))
+                served.add(c)
+            if plan.sync_mode in (2, 3) and g.trigger:
+                t_idx = graph.index[g.trigger]
+                for succ in adj.succs[t_idx]:
+                    extra_ctl.setdefault(graph.ops[succ].name, []).append(name)
+        if plan.sync_mode in (1, 3):
+            p_idx = graph.index[producer]
+            for succ in adj.succs[p_idx]:
+                succ_name = graph.ops[succ].name
+                if succ_name not in served:
+                    extra_ctl.setdefault(succ_name, []).append(out_name)
+    if plan.serialize:
+        ordering = order(graph)
+        for level in plan.serialize:
+            chain = [graph.ops[i].name for i in ordering.by_level[level]]
+            for a, b in zip(chain, chain[1:], strict=False):
+                extra_ctl.setdefault(b, []).append(a)
+    for name, ctl in extra_ctl.items():
+        op = ops[name]
+        ops[name] = replace(op, control_inputs=tuple(dict.fromkeys((*op.control_inputs, *ctl))))
+    new = graph.replace(
+        (ops[n] for n in order_names), source=f"{graph.source} (rewritten)"
+    )
+    return new, added
+
+
+def _unique(name: str, ops: dict[str, Op]) -> str:
+    if name not in ops:
+        return name
+    k = 1
+    while f"{name}_{k}" in ops:
+        k += 1
+    return f"{name}_{k}"
+
+
+def _check_rewired(graph: Graph, swaps: tuple[Swap, ...]) -> None:
+    """No consumer served from the host still reads the original tensor."""
+    for s in swaps:
+        for g in s.swap_ins:
+            for c in g.consumers:
+                if s.tensor in graph.op(c).inputs:
+                    raise PlanError(
+                        f"rewrite left {c!r} reading {s.tensor!r} without its swap-in"
+                    )
