@@ -1,0 +1,218 @@
+"""Plans and the rewrite on hand-built graphs, with exact wiring and curves."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from graphs import t
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_properties import dags
+
+import lmscore
+from lmscore.errors import ConfigError, PlanError
+from lmscore.ir import Graph, Op, lint
+from lmscore.memory import simulate
+from lmscore.plan import (
+    Plan,
+    Swap,
+    SwapIn,
+    add_swap,
+    check_plan,
+    fingerprint,
+    load_plan,
+    move_trigger,
+    plan_from_json,
+    plan_from_params,
+    regroup,
+    remove_swap,
+    save_plan,
+)
+from lmscore.rewrite import rewrite
+from lmscore.samples import sample_dir
+
+
+def long_edge() -> Graph:
+    """x -> a(4000 B) -> b -> c(4000 B) -> d -> e -> f(e, a) -> g; a is read at 2 and 6."""
+    big, small = t("float", 1, 1000), t("float", 1, 8)
+    return Graph((
+        Op("x", "Placeholder", outputs=small),
+        Op("a", "Conv2D", inputs=("x:0",), outputs=big),
+        Op("b", "Conv2D", inputs=("a:0",), outputs=small),
+        Op("c", "Conv2D", inputs=("b:0",), outputs=big),
+        Op("d", "Conv2D", inputs=("c:0",), outputs=small),
+        Op("e", "Conv2D", inputs=("d:0",), outputs=small),
+        Op("f", "Conv2D", inputs=("e:0", "a:0"), outputs=small),
+        Op("g", "Conv2D", inputs=("f:0",), outputs=small),
+    ), "long_edge")
+
+
+def test_plan_from_params_picks_the_long_edge_and_its_trigger():
+    g = long_edge()
+    plan = plan_from_params(g, 1, threshold=3, ahead=2, groupby=5)
+    assert plan.swaps == (Swap("a:0", (SwapIn(("f",), "d"),)),)
+    assert plan.graph == fingerprint(g)
+    assert plan_from_params(g, 1, threshold=5, ahead=2).swaps == ()  # distance 5 is not > 5
+
+
+def test_rewrite_wiring_exact():
+    g = long_edge()
+    rw = rewrite(g, plan_from_params(g, 1, threshold=3, ahead=2))
+    new = rw.graph
+    assert rw.swap_outs == ("lms/swapout_a_0",) and rw.swap_ins == ("lms/swapin_a_0_0",)
+    out, sin = new.op("lms/swapout_a_0"), new.op("lms/swapin_a_0_0")
+    assert (out.type, out.inputs, out.control_inputs) == ("Identity", ("a:0",), ())
+    assert (sin.inputs, sin.control_inputs) == (("lms/swapout_a_0:0",), ("d",))
+    assert out.attrs["_lms_role"] == "swap_out" and sin.attrs["_lms_role"] == "swap_in"
+    assert new.op("f").inputs == ("e:0", "lms/swapin_a_0_0:0")
+    assert new.op("b").inputs == ("a:0",)  # the near consumer keeps the original
+    assert rw.synchronous == () and rw.skipped == ()
+    lint(new)
+    assert fingerprint(new) == fingerprint(g)
+
+
+def test_rewritten_curves_exact():
+    g = long_edge()
+    before = simulate(g, 1)
+    assert before.device_curve == (32, 4032, 4064, 8064, 8064, 4096, 4096, 96)
+    after = simulate(rewrite(g, plan_from_params(g, 1, threshold=3, ahead=2)).graph, 1)
+    # a leaves the device after b and the swap-out (level 2); the swap-in allocates when
+    # its trigger d has run (level 5) and is freed after f.
+    assert after.device_curve == (32, 4032, 4064, 4064, 4064, 4064, 4096, 96)
+    assert after.host_curve == (0, 0, 4000, 4000, 4000, 4000, 0, 0)
+    assert (after.peak_bytes, after.host_peak_bytes) == (4096, 4000)
+
+
+def test_sync_modes_and_serialization_add_control_edges():
+    g = long_edge()
+    new = rewrite(g, plan_from_params(g, 1, threshold=3, ahead=2, sync_mode=3)).graph
+    assert "lms/swapout_a_0" in new.op("b").control_inputs  # compute waits for the copy out
+    assert "lms/swapin_a_0_0" in new.op("e").control_inputs  # the trigger's successor waits
+    two = Graph(g.ops + (Op("h", "Conv2D", inputs=("a:0",), outputs=t("float", 1, 8)),))
+    new = rewrite(two, Plan(fingerprint(two), serialize=(2,))).graph
+    assert new.op("h").control_inputs == ("b",)
+
+
+def test_synchronous_swap_in_when_no_trigger_fits():
+    g = long_edge()
+    plan = plan_from_params(g, 1, threshold=3, ahead=2, trigger_window=0)
+    assert plan.swaps[0].swap_ins[0].trigger == "d"  # exactly ahead levels is searched
+    rw = rewrite(g, move_trigger(g, plan, "a:0", 0, None))
+    assert rw.synchronous == ("lms/swapin_a_0_0",)
+    assert rw.graph.op("lms/swapin_a_0_0").control_inputs == ()
+
+
+def test_grouping_by_levels():
+    big, small = t("float", 1, 100), t("float", 1, 8)
+    ops = [Op("x", "Placeholder", outputs=small), Op("a", "Conv2D", inputs=("x:0",), outputs=big)]
+    prev = "a"
+    for k in range(12):
+        ops.append(Op(f"n{k}", "Conv2D", inputs=(f"{prev}:0",), outputs=small))
+        prev = f"n{k}"
+    ops += [Op(f"r{k}", "Conv2D", inputs=(f"n{k}:0", "a:0"), outputs=small) for k in (4, 6, 11)]
+    g = Graph(tuple(ops))
+    plan = plan_from_params(g, 1, threshold=2, ahead=1, groupby=3)
+    assert [s.consumers for s in plan.swaps[0].swap_ins] == [("r4", "r6"), ("r11",)]
+    rw = rewrite(g, plan)
+    assert rw.swap_ins == ("lms/swapin_a_0_0", "lms/swapin_a_0_1")
+    assert rw.graph.op("r11").inputs[1] == "lms/swapin_a_0_1:0"
+
+
+def test_plan_json_round_trip(tmp_path):
+    g = long_edge()
+    plan = plan_from_params(g, 1, threshold=3, ahead=2)
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    assert load_plan(path) == plan
+    assert json.loads(path.read_text())["version"] == 1
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.update(version=7), "version 7"),
+        (lambda d: d.update(graph="0" * 16), "another graph"),
+        (lambda d: d["swaps"][0].update(tensor="ghost:0"), "unknown tensor 'ghost:0'"),
+        (lambda d: d["swaps"][0]["swap_ins"][0].update(consumers=["ghost"]),
+         "unknown consumer 'ghost'"),
+        (lambda d: d["swaps"][0]["swap_ins"][0].update(consumers=["d"]), "'d' does not read"),
+        (lambda d: d["swaps"][0]["swap_ins"][0].update(trigger="ghost"), "unknown trigger"),
+        (lambda d: d["swaps"][0]["swap_ins"][0].update(trigger="g"), "does not come after|reach"),
+        (lambda d: d["swaps"][0]["swap_ins"][0].update(trigger="x"), "does not come after"),
+        (lambda d: d.update(sync_mode=9), "sync_mode"),
+        (lambda d: d.pop("swaps"), "missing field 'swaps'"),
+    ],
+)
+def test_bad_plans_name_the_problem(mutate, message):
+    g = long_edge()
+    doc = json.loads(plan_from_params(g, 1, threshold=3, ahead=2).to_json())
+    mutate(doc)
+    with pytest.raises(PlanError, match=message):
+        check_plan(g, plan_from_json(json.dumps(doc)))
+
+
+def test_not_json_plan(tmp_path):
+    p = tmp_path / "p.json"
+    p.write_text("{not json")
+    with pytest.raises(PlanError, match="not JSON"):
+        load_plan(p)
+
+
+@pytest.mark.parametrize(
+    "knobs", [{"threshold": 0}, {"ahead": -1}, {"groupby": -2}, {"sync_mode": 4}]
+)
+def test_knobs_out_of_range(knobs):
+    with pytest.raises(ConfigError):
+        plan_from_params(long_edge(), 1, **knobs)
+
+
+def test_hand_edits():
+    g = long_edge()
+    empty = Plan(fingerprint(g))
+    plan = add_swap(g, empty, "a:0", threshold=3, ahead=2)
+    assert plan.swaps == plan_from_params(g, 1, threshold=3, ahead=2).swaps
+    with pytest.raises(PlanError, match="already swapped"):
+        add_swap(g, plan, "a:0")
+    with pytest.raises(PlanError, match="nothing to swap"):
+        add_swap(g, empty, "g:0")
+    moved = move_trigger(g, plan, "a:0", 0, "c")
+    assert moved.swaps[0].swap_ins[0].trigger == "c"
+    with pytest.raises(PlanError, match="cannot reach|does not come after"):
+        move_trigger(g, plan, "a:0", 0, "g")
+    assert remove_swap(plan, "a:0").swaps == ()
+    with pytest.raises(PlanError, match="in two groups"):
+        regroup(g, plan, "a:0", [["f"], ["f"]])
+
+
+@settings(max_examples=120, deadline=None)
+@given(dags(known=True), st.integers(1, 4), st.integers(1, 3), st.integers(0, 3),
+       st.integers(0, 3))
+def test_every_accepted_plan_rewrites_into_a_linted_graph(g, threshold, ahead, groupby, sync):
+    plan = plan_from_params(g, 2, threshold=threshold, ahead=ahead, groupby=groupby,
+                            sync_mode=sync)
+    rw = rewrite(g, plan)
+    lint(rw.graph)
+    for s in rw.plan.swaps:
+        for k, grp in enumerate(s.swap_ins):
+            for c in grp.consumers:
+                assert s.tensor not in rw.graph.op(c).inputs
+                assert any(x.startswith("lms/swapin_") for x in rw.graph.op(c).inputs)
+            del k
+    sim = simulate(rw.graph, 2)
+    assert min(sim.device_curve) >= sim.persistent_bytes + sim.input_bytes
+    assert min(sim.host_curve) >= 0
+    assert sum(b.bytes for b in sim.buffers if b.host) == sum(
+        sim_b.bytes for sim_b in sim.buffers
+        if rw.graph.ops[sim_b.producer].attrs.get("_lms_role") == "swap_out"
+    )
+
+
+def test_resnet_rewrite_lowers_the_simulated_peak():
+    g = lmscore.load(sample_dir() / "resnet50.pb")
+    plan = plan_from_params(g, 64, threshold=40, ahead=3, groupby=5)
+    rw = rewrite(g, plan)
+    before, after = simulate(g, 64), simulate(rw.graph, 64)
+    assert len(plan.swaps) > 100 and rw.skipped == ()
+    assert after.peak_bytes < 0.5 * before.peak_bytes
+    assert after.host_peak_bytes > 0
