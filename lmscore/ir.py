@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-import networkx as nx
-
 from .errors import GraphError
 
 #: Bytes per element by dtype name (TensorFlow's names without the ``DT_`` prefix).
@@ -205,39 +203,48 @@ class Graph:
     def adjacency(self) -> Adjacency:
         """Integer adjacency (computed once; raises GraphError on a dangling input)."""
         index = self.index
+        ops = self.ops
+        n_out = [len(op.outputs) for op in ops]
         data_in: list[tuple[tuple[int, int], ...]] = []
         control_in: list[tuple[int, ...]] = []
         preds: list[tuple[int, ...]] = []
-        succs: list[list[int]] = [[] for _ in self.ops]
+        succs: list[list[int]] = [[] for _ in ops]
         consumers: dict[tuple[int, int], list[int]] = {}
-        for i, op in enumerate(self.ops):
+        get = index.get
+        for i, op in enumerate(ops):
             ins = []
             for t in op.inputs:
-                name, port = split_tensor(t)
-                p = index.get(name)
-                if p is None:
-                    raise GraphError(
-                        f"{self.source}: node {op.name!r} reads {t!r} but no node {name!r} exists"
-                    )
-                if port >= len(self.ops[p].outputs):
-                    raise GraphError(
-                        f"{self.source}: node {op.name!r} reads {t!r} but {name!r} has "
-                        f"{len(self.ops[p].outputs)} output(s)"
-                    )
-                ins.append((p, port))
-                consumers.setdefault((p, port), []).append(i)
+                name, sep, port_text = t.rpartition(":")
+                if sep and port_text.isdigit():
+                    port = int(port_text)
+                else:
+                    name, port = t, 0
+                p = get(name)
+                if p is None or port >= n_out[p]:
+                    raise GraphError(self._dangling(op.name, t, name, p))
+                key = (p, port)
+                ins.append(key)
+                c = consumers.get(key)
+                if c is None:
+                    consumers[key] = [i]
+                else:
+                    c.append(i)
             ctl = []
-            for c in op.control_inputs:
-                p = index.get(c)
+            for c_name in op.control_inputs:
+                p = get(c_name)
                 if p is None:
                     raise GraphError(
-                        f"{self.source}: node {op.name!r} has a control input from {c!r} "
+                        f"{self.source}: node {op.name!r} has a control input from {c_name!r} "
                         "but no such node exists"
                     )
                 ctl.append(p)
-            data_in.append(tuple(ins))
+            ins_t = tuple(ins)
+            data_in.append(ins_t)
             control_in.append(tuple(ctl))
-            ps = tuple(dict.fromkeys([p for p, _ in ins] + ctl))
+            if len(ins_t) == 1 and not ctl:
+                ps: tuple[int, ...] = (ins_t[0][0],)
+            else:
+                ps = tuple(dict.fromkeys([p for p, _ in ins_t] + ctl))
             preds.append(ps)
             for p in ps:
                 succs[p].append(i)
@@ -245,17 +252,25 @@ class Graph:
             data_in=tuple(data_in),
             control_in=tuple(control_in),
             preds=tuple(preds),
-            succs=tuple(tuple(s) for s in succs),
+            succs=tuple(map(tuple, succs)),
             consumers={k: tuple(v) for k, v in consumers.items()},
         )
 
-    def to_networkx(self) -> nx.MultiDiGraph:
+    def _dangling(self, op: str, tensor: str, name: str, producer: int | None) -> str:
+        if producer is None:
+            return f"{self.source}: node {op!r} reads {tensor!r} but no node {name!r} exists"
+        return (f"{self.source}: node {op!r} reads {tensor!r} but {name!r} has "
+                f"{len(self.ops[producer].outputs)} output(s)")
+
+    def to_networkx(self) -> Any:
         """Return the graph as a ``networkx.MultiDiGraph``.
 
         Nodes are op names with attributes ``type``, ``device`` and ``outputs``; data
         edges carry ``kind="data"``, ``src_port`` and ``dst_port``; control edges carry
         ``kind="control"``.
         """
+        import networkx as nx  # only here: it takes a quarter second to import
+
         g = nx.MultiDiGraph(source=self.source)
         for op in self.ops:
             g.add_node(op.name, type=op.type, device=op.device, outputs=op.outputs)
@@ -302,6 +317,8 @@ def lint(graph: Graph) -> None:
 
 def _describe_cycle(graph: Graph, indeg: list[int]) -> str:
     """Name the ops of one cycle among the ops Kahn's algorithm could not peel."""
+    import networkx as nx
+
     stuck = {i for i, d in enumerate(indeg) if d > 0}
     sub = nx.DiGraph()
     adj = graph.adjacency

@@ -10,6 +10,7 @@ Keras model needs TensorFlow itself.
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import zipfile
@@ -89,18 +90,16 @@ def from_graphdef_bytes(data: bytes, *, source: str = "<bytes>", text: bool | No
     gd, was_text = _parse(data, source, text)
     if len(gd.node) == 0:
         raise GraphError(f"{source}: not a training graph: the GraphDef has no nodes")
-    if any(not n.attr["_output_shapes"].list.shape for n in gd.node if _has_outputs(n)):
+    try:
+        return from_graphdef(gd, source=source, graphdef=gd.SerializeToString() if was_text
+                             else data)
+    except _MissingShapes:
         gd = _add_shapes_with_tensorflow(gd, source)
-        data = gd.SerializeToString()
-    elif was_text:
-        data = gd.SerializeToString()
-    graph = from_graphdef(gd, source=source)
-    return Graph(graph.ops, graph.source, graph.functions, data)
+        return from_graphdef(gd, source=source, graphdef=gd.SerializeToString())
 
 
-def _has_outputs(node: Any) -> bool:
-    sig = op_signatures().get(node.op)
-    return sig is None or bool(sig["out"])
+class _MissingShapes(Exception):
+    """A node with outputs has no ``_output_shapes``: TensorFlow must infer them."""
 
 
 def _parse(data: bytes, source: str, text: bool | None) -> tuple[Any, bool]:
@@ -124,86 +123,125 @@ def _parse(data: bytes, source: str, text: bool | None) -> tuple[Any, bool]:
         raise GraphError(f"{source}: not a GraphDef ({kind} protobuf): {why}") from None
 
 
-def from_graphdef(gd: Any, *, source: str = "<graphdef>") -> Graph:
-    """Build the IR from a parsed ``GraphDef`` message (TensorBoard's or TensorFlow's)."""
-    sigs = op_signatures()
+def from_graphdef(
+    gd: Any, *, source: str = "<graphdef>", graphdef: bytes | None = None,
+    require_shapes: bool = True,
+) -> Graph:
+    """Build the IR from a parsed ``GraphDef`` message (TensorBoard's or TensorFlow's).
+
+    Raises ``_MissingShapes`` (internal) when ``require_shapes`` and a node with outputs
+    lacks ``_output_shapes``, so that the caller can let TensorFlow infer them.
+    """
+    sigs = _compiled_signatures()
     pushes = _list_pushes(gd)
     ops = []
+    empty: dict[str, Any] = {}
     for node in gd.node:
         name = node.name
+        op_type = node.op
         if not name:
             raise GraphError(f"{source}: a node has an empty name")
-        if not node.op:
+        if not op_type:
             raise GraphError(f"{source}: node {name!r} has no op type")
         attr = node.attr
         data_in: list[str] = []
         control_in: list[str] = []
         for t in node.input:
-            if t.startswith("^"):
+            if t[:1] == "^":
                 control_in.append(t[1:])
             elif ":" in t:
                 data_in.append(t)
             else:
                 data_in.append(t + ":0")
-        shapes = _shapes(attr)
-        dtypes = _output_dtypes(node, sigs.get(node.op), len(shapes) if shapes else None)
+        sig = sigs.get(op_type)
+        if "_output_shapes" in attr:
+            shapes = [
+                None if sh.unknown_rank else tuple([d.size for d in sh.dim])
+                for sh in attr["_output_shapes"].list.shape
+            ]
+        else:
+            shapes = None
+            if require_shapes and (sig is None or sig):
+                raise _MissingShapes(name)
+        dtypes = _output_dtypes(attr, sig, len(shapes) if shapes is not None else None)
         if shapes is None:
             shapes = [None] * len(dtypes)
         elif len(shapes) != len(dtypes):
             # Unknown op or odd attrs: trust the recorded shapes for the arity.
             dtypes = (dtypes + ["unknown"] * len(shapes))[: len(shapes)]
-        outputs = tuple(TensorSpec(d, s) for d, s in zip(dtypes, shapes, strict=True))
         ops.append(Op(
-            name=name,
-            type=node.op,
-            device=node.device,
-            inputs=tuple(data_in),
-            control_inputs=tuple(control_in),
-            outputs=outputs,
-            attrs=_small_attrs(node, pushes),
+            name,
+            op_type,
+            node.device,
+            tuple(data_in),
+            tuple(control_in),
+            tuple([TensorSpec(d, sh) for d, sh in zip(dtypes, shapes, strict=True)]),
+            _small_attrs(node, pushes) if op_type in _ATTR_OPS else empty,
         ))
     functions = frozenset(f.signature.name for f in gd.library.function)
-    graph = Graph(tuple(ops), source, functions)
+    graph = Graph(tuple(ops), source, functions, graphdef)
     graph.adjacency  # noqa: B018 - validate names, inputs and ports now, with the file named
     return graph
 
 
-def _shapes(attr: Any) -> list[tuple[int, ...] | None] | None:
-    if "_output_shapes" not in attr:
-        return None
-    out: list[tuple[int, ...] | None] = []
-    for s in attr["_output_shapes"].list.shape:
-        out.append(None if s.unknown_rank else tuple(d.size for d in s.dim))
+@functools.cache
+def _compiled_signatures() -> dict[str, tuple[tuple[str, str, str, str, bool], ...]]:
+    """Output signatures as ``(kind, key, default, count_attr, ref)`` per output argument.
+
+    kind is ``"fixed"`` (key = dtype), ``"attr"`` (key = type attribute), or ``"list"``
+    (key = type-list attribute); count_attr names a number attribute ("" = one).
+    """
+    out = {}
+    for op, sig in op_signatures().items():
+        args = []
+        for arg in sig["out"]:
+            ref = arg.endswith("&")
+            arg = arg.rstrip("&")
+            count = ""
+            if "*" in arg and not arg.startswith("*"):
+                count, arg = arg.split("*", 1)
+            if arg.startswith("*"):
+                args.append(("list", arg[1:], "", count, ref))
+            elif arg.startswith("@"):
+                key, _, default = arg[1:].partition("=")
+                args.append(("attr", key, default or "unknown", count, ref))
+            else:
+                args.append(("fixed", arg, "", count, ref))
+        out[op] = tuple(args)
     return out
 
 
-def _output_dtypes(node: Any, sig: dict[str, Any] | None, n_shapes: int | None) -> list[str]:
-    attr = node.attr
+def _output_dtypes(attr: Any, sig: tuple | None, n_shapes: int | None) -> list[str]:
     if sig is None:
         guess = next((k for k in ("T", "dtype", "out_type", "Tout") if k in attr), None)
         dt = _DTYPE_NAMES.get(attr[guess].type, "unknown") if guess else "unknown"
         return [dt] * (n_shapes if n_shapes is not None else 1)
     out: list[str] = []
-    for arg in sig["out"]:
-        ref = arg.endswith("&")
-        arg = arg.rstrip("&")
-        count = 1
-        if "*" in arg and not arg.startswith("*"):
-            num, arg = arg.split("*", 1)
-            count = attr[num].i if num in attr else 0
-        if arg.startswith("*"):
-            out.extend(_DTYPE_NAMES.get(t, "unknown") for t in attr[arg[1:]].list.type)
+    for kind, key, default, count_attr, ref in sig:
+        if kind == "list":
+            out.extend(_DTYPE_NAMES.get(t, "unknown") for t in attr[key].list.type)
             continue
-        if arg.startswith("@"):
-            key, _, default = arg[1:].partition("=")
-            if key in attr:
-                dt = _DTYPE_NAMES.get(attr[key].type, "unknown")
-            else:
-                dt = default or "unknown"
+        if kind == "attr":
+            dt = _DTYPE_NAMES.get(attr[key].type, "unknown") if key in attr else default
         else:
-            dt = arg
-        out.extend([dt + ("_ref" if ref else "")] * count)
+            dt = key
+        if ref:
+            dt += "_ref"
+        if count_attr:
+            out.extend([dt] * (attr[count_attr].i if count_attr in attr else 0))
+        else:
+            out.append(dt)
     return out
+
+
+#: Op types whose few attributes the analyses read; all other ops carry none.
+_ATTR_OPS = frozenset({
+    "Const", "VarHandleOp", "VariableV2", "Placeholder", "While", "StatelessWhile", "If",
+    "StatelessIf", "Case", "StatelessCase", "PartitionedCall", "StatefulPartitionedCall",
+    "EmptyTensorList", "TensorListReserve", "MatMul", "BatchMatMul", "BatchMatMulV2",
+    "BatchMatMulV3", "StridedSlice", "Sum", "Mean", "Max", "Min", "Prod", "All", "Any",
+    "Pack", "Unpack", "ConcatV2", "GatherV2", "AddN", "Split", "SplitV",
+})
 
 
 def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None) -> dict[str, Any]:
