@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from . import samples
-from .errors import LmsError
+from .errors import ConfigError, LmsError
 from .units import format_bytes
 
 EXIT_USAGE = 2
@@ -48,13 +49,45 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fills unknown batch dimensions (default: the sample's, else 1)")
     p.add_argument("--function", default=None, help="SavedModel function or signature")
     p.add_argument("--top", type=_positive_int, default=10, help="hotspots to list")
+    p.add_argument("--workspace", choices=("cpu", "none"), default="cpu",
+                   help="model TensorFlow CPU kernel workspace (cpu) or tensors only (none)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("validate", help="run on CPU under TensorFlow: measured vs simulated peak")
     p.add_argument("file")
     p.add_argument("--batch-size", type=_positive_int, default=None)
     p.add_argument("--function", default=None)
-    p.add_argument("--steps", type=_positive_int, default=2, help="steps to run (last traced)")
+    p.add_argument("--steps", type=_positive_int, default=None,
+                   help="steps to run, the last one traced (2; 3 with --plan)")
+    p.add_argument("--plan", default=None,
+                   help="also run this rewrite on the emulated accelerator and compare")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("rewrite", help="swap tensors to host memory: a plan, a new graph")
+    p.add_argument("file")
+    p.add_argument("--batch-size", type=_positive_int, default=None)
+    p.add_argument("--function", default=None)
+    knobs = p.add_argument_group("knobs (TFLMS v2), or --plan")
+    knobs.add_argument("--threshold", type=int, default=None,
+                       help="consumers more than this many levels away read from host (5)")
+    knobs.add_argument("--ahead", type=int, default=None,
+                       help="trigger swap-ins about this many levels early (1)")
+    knobs.add_argument("--groupby", type=int, default=None,
+                       help="consumers within this many levels share a swap-in (5)")
+    knobs.add_argument("--sync-mode", type=int, default=None, help="0-3 (0)")
+    knobs.add_argument("--serialize", default=None, help="levels to serialize: 3,7,12")
+    knobs.add_argument("--serialize-min", default=None,
+                       help="serialize levels above this device memory (e.g. 2GiB)")
+    knobs.add_argument("--include-scope", action="append", default=[])
+    knobs.add_argument("--exclude-scope", action="append", default=[])
+    knobs.add_argument("--include-type", action="append", default=[])
+    knobs.add_argument("--exclude-type", action="append", default=[])
+    p.add_argument("--plan", default=None, help="apply this plan instead of the knobs")
+    p.add_argument("--out", required=True, help="rewritten GraphDef (.pb or .pbtxt)")
+    p.add_argument("--plan-out", default=None, help="write the applied plan (JSON)")
+    p.add_argument("--device", default="/GPU:0", help="accelerator device string")
+    p.add_argument("--host", default="/CPU:0", help="host device string")
+    p.add_argument("--workspace", choices=("cpu", "none"), default="cpu")
     p.add_argument("--json", action="store_true")
 
     sub.add_parser("samples", help="list the bundled sample graphs")
@@ -97,13 +130,15 @@ def _load(args: argparse.Namespace) -> tuple[Any, int]:
     return graph, _default_batch(str(path), args.batch_size)
 
 
-def inspect_report(graph: Any, batch_size: int, top: int = 10) -> dict[str, Any]:
+def inspect_report(
+    graph: Any, batch_size: int, top: int = 10, workspace: str = "cpu"
+) -> dict[str, Any]:
     """The ``lms inspect --json`` object for ``graph`` at ``batch_size``."""
     from .memory import hotspots, simulate
     from .order import CATEGORIES, order
 
     ordering = order(graph)
-    sim = simulate(graph, batch_size)
+    sim = simulate(graph, batch_size, workspace=workspace)
     counts = {c: 0 for c in CATEGORIES}
     for c in ordering.categories:
         counts[c] += 1
@@ -121,6 +156,7 @@ def inspect_report(graph: Any, batch_size: int, top: int = 10) -> dict[str, Any]
         "input_bytes": sim.input_bytes,
         "transient_peak_bytes": sim.transient_peak_bytes,
         "host_peak_bytes": sim.host_peak_bytes,
+        "swap_ops": sum(1 for op in graph.ops if op.attrs.get("_lms_role")),
         "unknown_size_tensors": len(unknown),
         "unknown_size_examples": list(unknown[:10]),
         "hotspots": [
@@ -141,7 +177,7 @@ def inspect_report(graph: Any, batch_size: int, top: int = 10) -> dict[str, Any]
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     graph, batch = _load(args)
-    report = inspect_report(graph, batch, args.top)
+    report = inspect_report(graph, batch, args.top, args.workspace)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -154,6 +190,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
           "(variables, optimizer state, constants)")
     print(f"  feeds            {format_bytes(report['input_bytes'])}")
     print(f"  transient peak   {format_bytes(report['transient_peak_bytes'])}")
+    if report["swap_ops"]:
+        print(f"  host peak        {format_bytes(report['host_peak_bytes'])} "
+              f"({report['swap_ops']} swap ops)")
     if report["unknown_size_tensors"]:
         ex = ", ".join(report["unknown_size_examples"][:3])
         print(f"  unknown sizes    {report['unknown_size_tensors']} tensors counted as 0 "
@@ -174,6 +213,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from .validate import validate
 
     graph, batch = _load(args)
+    if args.plan:
+        return _validate_plan(args, graph, batch)
+    args.steps = args.steps or 2
     result = validate(graph, batch, steps=args.steps)
     report = result.as_dict()
     if args.json:
@@ -192,6 +234,129 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     ))
     print(f"  losses {', '.join(f'{v:.6g}' for v in report['losses'])}; "
           f"finite: {'yes' if report['finite'] else 'NO'}")
+    return 0
+
+
+def _levels_arg(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"--serialize takes levels like 3,7,12, got {text!r}") from None
+
+
+def rewrite_report(graph: Any, batch: int, rw: Any, workspace: str = "cpu") -> dict[str, Any]:
+    """The ``lms rewrite --json`` object: predictions before and after the rewrite."""
+    from .memory import simulate
+
+    before = simulate(graph, batch, workspace=workspace)
+    after = simulate(rw.graph, batch, workspace=workspace)
+    swap_bytes = sum(b.bytes for b in after.buffers if b.host)
+    return {
+        "batch_size": batch,
+        "baseline_peak_bytes": before.peak_bytes,
+        "predicted_peak_bytes": after.peak_bytes,
+        "predicted_host_peak_bytes": after.host_peak_bytes,
+        "swapped_tensors": len(rw.plan.swaps),
+        "swap_bytes": swap_bytes,
+        "swap_ins": len(rw.swap_ins),
+        "synchronous_swap_ins": len(rw.synchronous),
+        "skipped": [{"tensor": t, "reason": r} for t, r in rw.skipped],
+        "sync_mode": rw.plan.sync_mode,
+        "serialized_levels": list(rw.plan.serialize),
+    }
+
+
+def _cmd_rewrite(args: argparse.Namespace) -> int:
+    from .export import write_graphdef
+    from .plan import check_plan, load_plan, plan_from_params, save_plan
+    from .rewrite import rewrite
+    from .units import parse_bytes
+
+    graph, batch = _load(args)
+    source = samples.find(args.file).resolve()
+    out = pathlib.Path(args.out)
+    for dest in filter(None, (args.out, args.plan_out)):
+        d = pathlib.Path(dest)
+        if d.resolve() == source:
+            raise ConfigError(f"{dest}: refusing to overwrite the input graph")
+        if d.is_dir():
+            raise ConfigError(f"{dest}: is a directory")
+        if not os.access(d.parent.resolve() if str(d.parent) else ".", os.W_OK):
+            raise ConfigError(f"{dest}: cannot write to {d.parent or '.'}")
+    if args.plan_out and pathlib.Path(args.plan_out).resolve() == out.resolve():
+        raise ConfigError(f"{args.plan_out}: the plan and the graph would be the same file")
+    knobs = {
+        "threshold": args.threshold, "ahead": args.ahead, "groupby": args.groupby,
+        "sync_mode": args.sync_mode,
+    }
+    if args.plan:
+        given = [f"--{k.replace('_', '-')}" for k, v in knobs.items() if v is not None]
+        if given:
+            raise ConfigError(f"--plan replaces the knobs; drop {', '.join(given)}")
+        plan = load_plan(args.plan)
+        check_plan(graph, plan)
+    else:
+        defaults = {"threshold": 5, "ahead": 1, "groupby": 5, "sync_mode": 0}
+        plan = plan_from_params(
+            graph, batch,
+            **{k: (defaults[k] if v is None else v) for k, v in knobs.items()},
+            serialize=_levels_arg(args.serialize),
+            serialize_min_bytes=parse_bytes(args.serialize_min) if args.serialize_min else None,
+            include_scopes=args.include_scope, exclude_scopes=args.exclude_scope,
+            include_types=args.include_type, exclude_types=args.exclude_type,
+        )
+    rw = rewrite(graph, plan)
+    report = rewrite_report(graph, batch, rw, args.workspace)
+    write_graphdef(rw.graph, out, device=args.device, host=args.host)
+    if args.plan_out:
+        save_plan(rw.plan, args.plan_out)
+    report["out"] = str(out)
+    report["plan_out"] = args.plan_out
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"{graph.source}  (batch size {batch})")
+    print(f"  swapped tensors  {report['swapped_tensors']} ({format_bytes(report['swap_bytes'])}"
+          f"), {report['swap_ins']} swap-ins, {report['synchronous_swap_ins']} synchronous")
+    print(f"  device peak      {format_bytes(report['baseline_peak_bytes'])} -> "
+          f"{format_bytes(report['predicted_peak_bytes'])} (simulated)")
+    print(f"  host peak        {format_bytes(report['predicted_host_peak_bytes'])}")
+    for sk in report["skipped"]:
+        print(f"  skipped {sk['tensor']}: {sk['reason']}")
+    print(f"  wrote {out}" + (f" and {args.plan_out}" if args.plan_out else ""))
+    return 0
+
+
+def _validate_plan(args: argparse.Namespace, graph: Any, batch: int) -> int:
+    from .plan import check_plan, load_plan
+    from .validate import validate_plan
+
+    plan = load_plan(args.plan)
+    check_plan(graph, plan)
+    v = validate_plan(graph, plan, batch, steps=args.steps or 3)
+    report = v.as_dict()
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    md, sd = v.measured_device_peak_bytes, v.simulated_device_peak_bytes
+    print(f"{graph.source}  (batch size {batch}, {v.swapped_tensors} swapped tensors, "
+          "emulated accelerator: CPU:0 device, CPU:1 host)")
+    print(_table(
+        ["", "simulated", "measured"],
+        [
+            ["device peak, original", format_bytes(sd["original"]), format_bytes(md["original"])],
+            ["device peak, rewritten", format_bytes(sd["rewritten"]),
+             format_bytes(md["rewritten"])],
+            ["host peak", format_bytes(v.simulated_host_peak_bytes),
+             format_bytes(v.measured_host_peak_bytes)],
+        ],
+    ))
+    print(f"  measured saving / simulated saving: {v.saving_ratio:.3f}; "
+          f"host simulated / measured: {v.host_ratio:.3f}")
+    same = "bit-identical" if v.max_abs_diff == 0 else f"max |diff| {v.max_abs_diff:.3g}"
+    print(f"  losses and variables after {len(v.losses['original'])} steps: {same}")
     return 0
 
 
@@ -217,7 +382,10 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-_COMMANDS = {"inspect": _cmd_inspect, "validate": _cmd_validate, "samples": _cmd_samples}
+_COMMANDS = {
+    "inspect": _cmd_inspect, "validate": _cmd_validate, "rewrite": _cmd_rewrite,
+    "samples": _cmd_samples,
+}
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

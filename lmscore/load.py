@@ -240,7 +240,8 @@ _ATTR_OPS = frozenset({
     "StatelessIf", "Case", "StatelessCase", "PartitionedCall", "StatefulPartitionedCall",
     "EmptyTensorList", "TensorListReserve", "MatMul", "BatchMatMul", "BatchMatMulV2",
     "BatchMatMulV3", "StridedSlice", "Sum", "Mean", "Max", "Min", "Prod", "All", "Any",
-    "Pack", "Unpack", "ConcatV2", "GatherV2", "AddN", "Split", "SplitV",
+    "Pack", "Unpack", "ConcatV2", "GatherV2", "AddN", "Split", "SplitV", "Identity",
+    "DeepCopy",
 })
 
 
@@ -248,6 +249,11 @@ def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None) ->
     """Decode the few attributes analyses use; everything else stays in the source file."""
     attr = node.attr
     out: dict[str, Any] = {}
+    for key in ("_lms_role", "_lms_tensor"):  # swap ops of an exported rewrite
+        if key in attr:
+            out[key] = attr[key].s.decode()
+    if node.op in ("Identity", "DeepCopy"):
+        return out
     if node.op in ("While", "StatelessWhile") and pushes:
         out["list_aliases"] = pushes.get(attr["body"].func.name, ())
     if node.op == "Const" and "value" in attr:

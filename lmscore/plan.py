@@ -202,19 +202,44 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
     ConfigError
         If the destination cannot be written (missing directory, read-only...).
     """
-    p = pathlib.Path(path)
-    blob = data.encode() if isinstance(data, str) else data
+    write_atomic_many([(path, data)])
+
+
+def write_atomic_many(items: Sequence[tuple[str | os.PathLike[str], bytes | str]]) -> None:
+    """Write several files all or nothing: every temporary file first, then the renames.
+
+    Raises
+    ------
+    ConfigError
+        If any destination cannot be written; then none is.
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    staged: list[tuple[str, pathlib.Path]] = []
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent or ".")
-    except OSError as e:
-        raise ConfigError(f"{p}: cannot write ({e.strerror})") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        os.replace(tmp, p)
-    except OSError as e:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise ConfigError(f"{p}: cannot write ({e.strerror})") from None
+        for path, data in items:
+            p = pathlib.Path(path)
+            blob = data.encode() if isinstance(data, str) else data
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp",
+                                           dir=str(p.parent) or ".")
+            except OSError as e:
+                raise ConfigError(f"{p}: cannot write ({e.strerror})") from None
+            staged.append((tmp, p))
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(blob)
+                os.chmod(tmp, 0o666 & ~umask)
+            except OSError as e:
+                raise ConfigError(f"{p}: cannot write ({e.strerror})") from None
+        for tmp, p in staged:
+            try:
+                os.replace(tmp, p)
+            except OSError as e:
+                raise ConfigError(f"{p}: cannot write ({e.strerror})") from None
+    finally:
+        for tmp, _ in staged:
+            pathlib.Path(tmp).unlink(missing_ok=True)
 
 
 def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:

@@ -110,3 +110,111 @@ def validate(graph: Graph, batch_size: int, *, steps: int = 2, seed: int = 0) ->
         losses=tuple(m.losses),
         finite=m.finite,
     )
+
+
+@dataclass(frozen=True)
+class PlanValidation:
+    """A rewrite checked on the emulated accelerator (CPU:0 device, CPU:1 host).
+
+    Attributes
+    ----------
+    batch_size : int
+    measured_device_peak_bytes, simulated_device_peak_bytes : dict
+        ``{"original": ..., "rewritten": ...}``: device peak including persistent memory.
+    measured_host_peak_bytes, simulated_host_peak_bytes : int
+        Peak of the swapped tensors in host memory (rewritten graph).
+    saving_ratio : float
+        Measured device saving over simulated device saving (target >= 0.9).
+    host_ratio : float
+        Simulated over measured host peak (target within 10%).
+    max_abs_diff : float
+        Largest difference between the original and rewritten runs over the losses and
+        every variable after all steps (0.0 = bit-identical).
+    losses : dict
+        ``{"original": [...], "rewritten": [...]}``.
+    finite : bool
+    swapped_tensors : int
+    """
+
+    batch_size: int
+    measured_device_peak_bytes: dict[str, int]
+    simulated_device_peak_bytes: dict[str, int]
+    measured_host_peak_bytes: int
+    simulated_host_peak_bytes: int
+    saving_ratio: float
+    host_ratio: float
+    max_abs_diff: float
+    losses: dict[str, list[float]]
+    finite: bool
+    swapped_tensors: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``lms validate --plan --json`` object."""
+        return asdict(self)
+
+
+def validate_plan(
+    graph: Graph, plan: Any, batch_size: int, *, steps: int = 3, seed: int = 0
+) -> PlanValidation:
+    """Run the original and the rewritten step on the emulated accelerator and compare.
+
+    The original runs on one CPU device; the rewrite is exported with real copies
+    (swap-outs on CPU:1 as the host, swap-ins on CPU:0) and run on two. Both get the same
+    synthetic inputs and variables, so their losses and variables must be identical.
+
+    Parameters
+    ----------
+    graph : Graph
+    plan : Plan
+    batch_size : int
+    steps : int
+        Training steps to compare (the last one is traced).
+    seed : int
+
+    Returns
+    -------
+    PlanValidation
+    """
+    import numpy as np
+
+    from .export import to_graphdef
+    from .measure import measure
+    from .rewrite import rewrite
+
+    rw = rewrite(graph, plan)
+    if graph.graphdef is None:
+        raise RunError(f"{graph.source}: no GraphDef to run (build the graph with lmscore.load)")
+    sim0 = simulate(graph, batch_size)
+    sim1 = simulate(rw.graph, batch_size)
+    m0 = measure(graph.graphdef, batch_size, steps=steps, seed=seed)
+    m1 = measure(to_graphdef(rw.graph, mode="emulate"), batch_size, steps=steps, seed=seed,
+                 devices=2)
+    dev = "CPU:0"
+    measured = {
+        "original": int(m0.peak_bytes.get(dev, 0) + m0.persistent_bytes.get(dev, 0)),
+        "rewritten": int(m1.peak_bytes.get(dev, 0) + m1.persistent_bytes.get(dev, 0)),
+    }
+    simulated = {"original": sim0.peak_bytes, "rewritten": sim1.peak_bytes}
+    host = int(m1.peak_bytes.get("CPU:1", 0))
+    diffs = [abs(a - b) for a, b in zip(m0.losses, m1.losses, strict=True)]
+    for name, value in m0.variables.items():
+        other = m1.variables.get(name)
+        if other is None or other.shape != value.shape:
+            raise RunError(f"variable {name!r} differs in shape between the two runs")
+        if value.size:
+            diffs.append(float(np.max(np.abs(value.astype(np.float64) - other))))
+    sim_saving = simulated["original"] - simulated["rewritten"]
+    meas_saving = measured["original"] - measured["rewritten"]
+    return PlanValidation(
+        batch_size=batch_size,
+        measured_device_peak_bytes=measured,
+        simulated_device_peak_bytes=simulated,
+        measured_host_peak_bytes=host,
+        simulated_host_peak_bytes=sim1.host_peak_bytes,
+        saving_ratio=meas_saving / sim_saving if sim_saving else float("nan"),
+        host_ratio=sim1.host_peak_bytes / host if host else float("nan"),
+        max_abs_diff=float(max(diffs, default=0.0)),
+        losses={"original": list(m0.losses), "rewritten": list(m1.losses)},
+        finite=m0.finite and m1.finite,
+        swapped_tensors=len(rw.plan.swaps),
+    )

@@ -109,3 +109,68 @@ def test_bad_options_exit_2(args):
     r = lms("inspect", "mlp", *args)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "Traceback" not in r.stderr
+
+
+def test_rewrite_cli_contract_and_inspect_of_the_result(tmp_path):
+    out, plan = tmp_path / "mlp_lms.pb", tmp_path / "plan.json"
+    r = lms("rewrite", "mlp", "--threshold", "2", "--ahead", "1", "--out", str(out),
+            "--plan-out", str(plan), "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    for key in ("baseline_peak_bytes", "predicted_peak_bytes", "predicted_host_peak_bytes",
+                "swapped_tensors", "swap_bytes"):
+        assert key in d
+    assert d["swapped_tensors"] > 0 and d["swap_bytes"] > 0
+    assert json.loads(plan.read_text())["version"] == 1
+    r = lms("inspect", str(out), "--batch-size", "32", "--json")
+    assert r.returncode == 0, r.stderr
+    again = json.loads(r.stdout)
+    assert again["swap_ops"] > 0
+    assert again["peak_bytes"] == d["predicted_peak_bytes"]
+    assert again["host_peak_bytes"] == d["predicted_host_peak_bytes"]
+    # the same plan applied again gives the same graph
+    out2 = tmp_path / "again.pb"
+    r = lms("rewrite", "mlp", "--plan", str(plan), "--out", str(out2))
+    assert r.returncode == 0, r.stderr
+    assert out2.read_bytes() == out.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--threshold", "0"], "threshold"),
+        (["--ahead", "-1"], "ahead"),
+        (["--plan", "PLAN", "--threshold", "3"], "--plan replaces the knobs"),
+        (["--plan", "OTHER"], "another graph"),
+    ],
+)
+def test_rewrite_bad_input_writes_nothing(tmp_path, extra, message):
+    lms("rewrite", "lstm", "--out", str(tmp_path / "l.pb"), "--plan-out",
+        str(tmp_path / "other.json"))
+    lms("rewrite", "mlp", "--out", str(tmp_path / "m.pb"), "--plan-out",
+        str(tmp_path / "plan.json"))
+    extra = [str(tmp_path / "plan.json") if x == "PLAN" else
+             str(tmp_path / "other.json") if x == "OTHER" else x for x in extra]
+    out = tmp_path / "out.pb"
+    r = lms("rewrite", "mlp", "--out", str(out), *extra)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+    assert not out.exists()
+
+
+def test_rewrite_refuses_input_and_unwritable_destinations(tmp_path):
+    src = tmp_path / "mlp.pb"
+    src.write_bytes((sample_dir() / "mlp.pb").read_bytes())
+    r = lms("rewrite", str(src), "--out", str(src))
+    assert r.returncode == 2 and "refusing to overwrite" in r.stderr
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        r = lms("rewrite", str(src), "--out", str(ro / "x.pb"))
+        if os.geteuid() != 0:  # root ignores directory permissions
+            assert r.returncode == 2 and "cannot write" in r.stderr
+            assert list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o700)
+    r = lms("rewrite", str(src), "--out", str(tmp_path / "missing" / "x.pb"))
+    assert r.returncode == 2 and "cannot write" in r.stderr
