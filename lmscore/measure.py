@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -222,6 +223,8 @@ class Measurement:
         replace.
     finite : bool
         Whether every loss and every floating-point variable value is finite.
+    step_seconds : tuple of float
+        Wall time of each untraced step, in order (the first one includes warm-up).
     """
 
     peak_bytes: Mapping[str, int]
@@ -230,6 +233,7 @@ class Measurement:
     losses: tuple[float, ...]
     variables: Mapping[str, np.ndarray]
     finite: bool
+    step_seconds: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -1097,6 +1101,7 @@ def measure(
     }
 
     losses: list[float] = []
+    step_seconds: list[float] = []
     run_metadata = config_pb2.RunMetadata()
     config = _session_config(devices, inter_op_threads, intra_op_threads)
     try:
@@ -1112,7 +1117,9 @@ def measure(
                         run_metadata=run_metadata,
                     )
                 else:
+                    started = time.perf_counter()
                     value, _ = session.run([loss, targets], feed_dict=feed_dict)
+                    step_seconds.append(time.perf_counter() - started)
                 value = np.asarray(value)
                 if value.size != 1:
                     raise RunError(
@@ -1150,6 +1157,7 @@ def measure(
         losses=tuple(losses),
         variables=MappingProxyType({k: np.asarray(v) for k, v in final.items()}),
         finite=finite,
+        step_seconds=tuple(step_seconds),
     )
 
 

@@ -80,6 +80,8 @@ class Buffer:
         True for a kernel's temporary workspace (allocated and freed within the op).
     first, last : int
         Positions in the executor schedule of its producer and of its last reader.
+    views : tuple of str
+        The other tensors that share this buffer (views and in-place results).
     """
 
     tensor: str
@@ -92,6 +94,7 @@ class Buffer:
     scratch: bool = False
     first: int = 0
     last: int = 0
+    views: tuple[str, ...] = ()
 
     @property
     def distance(self) -> int:
@@ -417,6 +420,7 @@ def _buffers(
             host=host_op(op.device, dict(op.attrs)),
             first=pos[p],
             last=max((pos[r] for r in rs), default=pos[p]),
+            views=tuple(f"{ops[q].name}:{k}" for q, k in members[b][1:]),
         ))
     return out, persistent, feeds
 

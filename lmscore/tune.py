@@ -1,0 +1,678 @@
+"""Auto-tuning: the plan with the least predicted step-time overhead that fits a budget.
+
+The budget is ``(device memory - persistent memory) x safety``; a plan fits when the
+simulated transient peak (device peak minus persistent memory) is within it.
+
+Two strategies search the TFLMS v2 knobs:
+
+- ``tflms``: the original greedy search on memory only: nothing swapped if that fits;
+  else the largest threshold that fits (binary search), escalating the sync mode when
+  even threshold 1 does not fit; then the largest ``ahead``; then the largest ``groupby``.
+- ``default``: the same fitting region, searched with a time model; among the plans that
+  fit it keeps the one with the least predicted overhead, then drops the smallest swaps
+  for as long as the plan still fits (each swap costs transfer time and may stall).
+
+The time model: op time = max(FLOPs / peak FLOP/s, bytes / memory bandwidth) on a device
+preset, plus a launch cost; a transfer takes bytes / link bandwidth on one copy queue per
+direction; a swap-in starts when its trigger has run and its swap-out is done, and its
+first consumer waits for it. Compute runs in the executor order of the simulator.
+
+Candidate plans are scored by a fast evaluator that adjusts the original simulation's
+buffers instead of rewriting the graph; the chosen plan is then rewritten and simulated
+in full, and a fit is only ever claimed when that full simulation shows it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .errors import ConfigError
+from .ir import Graph
+from .memory import Simulation, simulate
+from .order import order
+from .plan import (
+    DEFAULT_PREDICATES,
+    Plan,
+    Swap,
+    SwapIn,
+    candidates,
+    find_trigger,
+    fingerprint,
+    group_consumers,
+)
+from .rewrite import rewrite
+from .shapes import Sizes, resolve
+
+
+@dataclass(frozen=True)
+class Device:
+    """An accelerator preset (FP32 peak, HBM bandwidth, memory)."""
+
+    name: str
+    memory_bytes: int
+    flops: float
+    bandwidth: float
+    launch_seconds: float = 4e-6
+
+
+@dataclass(frozen=True)
+class Link:
+    """A host link preset: effective bandwidth per direction."""
+
+    name: str
+    bandwidth: float
+
+
+GIB = 2**30
+#: Accelerator presets (vendor FP32 figures; memory of the common board).
+DEVICES: dict[str, Device] = {
+    "P100": Device("P100", 16 * GIB, 9.3e12, 732e9),
+    "V100": Device("V100", 16 * GIB, 15.7e12, 900e9),
+    "A100": Device("A100", 40 * GIB, 19.5e12, 1555e9),
+    "H100": Device("H100", 80 * GIB, 67e12, 3350e9),
+}
+#: Host link presets: measured-style effective bandwidths, one direction.
+LINKS: dict[str, Link] = {
+    "pcie3": Link("PCIe 3.0 x16", 12e9),
+    "pcie4": Link("PCIe 4.0 x16", 24e9),
+    "nvlink2": Link("NVLink 2.0 (POWER9 to V100, 3 bricks)", 68e9),
+}
+
+Progress = Callable[[float, str], None]
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """Result of :func:`tune`.
+
+    Attributes
+    ----------
+    plan : Plan
+        The chosen plan (empty if nothing needs swapping, or if nothing fits).
+    fits : bool
+        Whether the full simulation of the rewritten graph fits the budget.
+    budget_bytes : int
+        ``(device memory - persistent) x safety``: what the transient peak must stay under.
+    device_memory_bytes, persistent_bytes : int
+    baseline_peak_bytes, predicted_peak_bytes : int
+        Simulated device peaks (persistent included) before and after.
+    predicted_host_peak_bytes : int
+    predicted_overhead : float
+        Predicted step-time overhead, a fraction of the unswapped step time.
+    baseline_step_seconds, predicted_step_seconds : float
+    swapped_tensors, swap_bytes : int
+    strategy : str
+    evaluations : int
+        Plans scored.
+    message : str
+        One line for people: what was found, or why nothing fits.
+    min_peak_bytes : int
+        Lower bound of any plan's device peak: the largest op's inputs, outputs and
+        workspace plus persistent memory.
+    bound_op : str
+        The op that sets that bound.
+    knobs : dict
+    """
+
+    plan: Plan
+    fits: bool
+    budget_bytes: int
+    device_memory_bytes: int
+    persistent_bytes: int
+    baseline_peak_bytes: int
+    predicted_peak_bytes: int
+    predicted_host_peak_bytes: int
+    predicted_overhead: float
+    baseline_step_seconds: float
+    predicted_step_seconds: float
+    swapped_tensors: int
+    swap_bytes: int
+    strategy: str
+    evaluations: int
+    message: str
+    min_peak_bytes: int
+    bound_op: str
+    knobs: dict = field(default_factory=dict)
+
+
+# --- Time model --------------------------------------------------------------------------
+
+_CONVS = ("Conv2D", "Conv3D", "DepthwiseConv2dNative")
+_MATMULS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
+
+
+def op_seconds(graph: Graph, sizes: Sizes, device: Device) -> list[float]:
+    """Roofline time of every op on ``device`` (zero for state, feeds and views)."""
+    ops = graph.ops
+    adj = graph.adjacency
+    cats = order(graph).categories
+    out: list[float] = []
+    for i, op in enumerate(ops):
+        if cats[i] in ("persistent", "input") or op.attrs.get("_lms_role"):
+            out.append(0.0)
+            continue
+        outs = [max(b, 0) for b in sizes.nbytes[i]]
+        ins = [max(sizes.nbytes[p][port], 0) for p, port in adj.data_in[i]]
+        moved = sum(outs) + sum(ins)
+        flops = _flops(graph, sizes, i)
+        out.append(max(flops / device.flops, moved / device.bandwidth) + device.launch_seconds)
+    return out
+
+
+def _elements(shape: tuple[int, ...] | None) -> int:
+    return math.prod(shape) if shape is not None and -1 not in shape else 0
+
+
+def _flops(graph: Graph, sizes: Sizes, i: int) -> float:
+    op = graph.ops[i]
+    adj = graph.adjacency
+    shapes = [sizes.shapes[p][port] for p, port in adj.data_in[i]]
+    out = sizes.shapes[i][0] if op.outputs else None
+    n_out = _elements(out)
+    if op.type in _MATMULS and len(shapes) >= 2 and shapes[0] and len(shapes[0]) >= 2:
+        a = shapes[0]
+        k = a[-2] if op.attrs.get("transpose_a", op.attrs.get("adj_x", False)) else a[-1]
+        return 2.0 * n_out * k
+    if op.type.startswith(("Conv2D", "Conv3D", "DepthwiseConv2dNative")) and len(shapes) >= 2:
+        # forward: out x taps; gradients do the same work with their operands swapped
+        if "BackpropFilter" in op.type:
+            filt, dy = out, shapes[2] if len(shapes) > 2 else None
+        elif "BackpropInput" in op.type:
+            filt, dy = shapes[1], shapes[2] if len(shapes) > 2 else None
+        else:
+            filt, dy = shapes[1], out
+        if filt and dy and -1 not in filt:
+            taps = math.prod(filt[:-1]) if op.type.startswith(_CONVS[:2]) else math.prod(
+                filt[:-2]
+            )
+            return 2.0 * _elements(dy) * taps
+    if op.type == "Einsum" and len(shapes) == 2:
+        # exact for a plain matrix product (MK, KN -> MN), an estimate otherwise
+        return 2.0 * math.sqrt(_elements(shapes[0]) * _elements(shapes[1]) * max(n_out, 1))
+    return float(n_out)
+
+
+# --- Fast evaluation of knob settings ------------------------------------------------------
+
+
+@dataclass
+class _Context:
+    graph: Graph
+    sizes: Sizes
+    base: Simulation
+    pos: list[int]
+    seconds: list[float]
+    link: float
+    owner: dict  # tensor -> index of its buffer in base.buffers
+    alloc: np.ndarray  # bytes allocated at each schedule position (unswapped)
+    free: np.ndarray  # bytes freed after each position (unswapped)
+    scratch: np.ndarray  # largest workspace at each position
+    elapsed: np.ndarray  # compute time up to and including each position
+    readers: list  # per candidate: (tensor, producer level, ((level, name), ...))
+    triggers: dict = field(default_factory=dict)
+    moved: dict = field(default_factory=dict)
+    evaluations: int = 0
+
+
+@dataclass(frozen=True)
+class _Score:
+    transient_peak: int
+    seconds: float
+    swaps: tuple[Swap, ...]
+    swap_bytes: int
+
+
+def _context(
+    graph: Graph, sizes: Sizes, base: Simulation, device: Device, link: Link
+) -> _Context:
+    ordering = order(graph)
+    n = len(graph.ops)
+    pos = [0] * n
+    for k, i in enumerate(ordering.schedule):
+        pos[i] = k
+    alloc = np.zeros(n + 1, dtype=np.int64)
+    free = np.zeros(n + 1, dtype=np.int64)
+    scratch = np.zeros(n + 1, dtype=np.int64)
+    owner = {}
+    for k, b in enumerate(base.buffers):
+        if b.scratch:
+            scratch[b.first] = max(scratch[b.first], b.bytes)
+        elif not b.host:
+            alloc[b.first] += b.bytes
+            free[b.last] += b.bytes
+            owner[b.tensor] = k
+            for v in b.views:
+                owner[v] = k
+    seconds = op_seconds(graph, sizes, device)
+    elapsed = np.cumsum([seconds[i] for i in ordering.schedule])
+    lv = ordering.levels
+    cands = []
+    for c in candidates(graph, sizes, 0, DEFAULT_PREDICATES):
+        if c.tensor not in owner:  # views of variables and constants hold no memory
+            continue
+        readers = tuple(sorted((lv[graph.index[r]], r) for r in c.far))
+        cands.append((c.tensor, c.producer_level, readers))
+    return _Context(graph, sizes, base, pos, seconds, link.bandwidth, owner, alloc, free,
+                    scratch, elapsed, cands)
+
+
+def _swaps_for(ctx: _Context, threshold: int, ahead: int, groupby: int) -> tuple[Swap, ...]:
+    """The plan the knobs give (what :func:`lmscore.plan.plan_from_params` makes)."""
+    swaps = []
+    for tensor, level, readers in ctx.readers:
+        far = [name for lvl, name in readers if lvl - level > threshold]
+        if not far:
+            continue
+        swap_ins = []
+        for g in group_consumers(ctx.graph, far, groupby):
+            key = (tensor, g[0], ahead)
+            if key not in ctx.triggers:
+                ctx.triggers[key] = find_trigger(ctx.graph, tensor, g, ahead, 10)
+            swap_ins.append(SwapIn(g, ctx.triggers[key]))
+        swaps.append(Swap(tensor, tuple(swap_ins)))
+    return tuple(swaps)
+
+
+def _evaluate(ctx: _Context, swaps: tuple[Swap, ...], sync_mode: int) -> _Score:
+    """Transient peak and step time of ``swaps`` without rewriting the graph.
+
+    Moves the end of each swapped buffer to its last remaining reader (or its swap-out),
+    adds the swap-in buffers from their trigger to their last consumer, and replays the
+    transfers on one copy queue per direction against the compute timeline.
+    """
+    ctx.evaluations += 1
+    g = ctx.graph
+    idx = g.index
+    pos = ctx.pos
+    n = len(g.ops)
+    buffers = ctx.base.buffers
+    by_buffer: dict[int, list[Swap]] = {}
+    for s in swaps:
+        k = ctx.owner.get(s.tensor)
+        if k is not None:
+            by_buffer.setdefault(k, []).append(s)
+    alloc = ctx.alloc.copy()
+    free = ctx.free.copy()
+    events: list[tuple[int, int, int, int, int]] = []  # (pos, kind, id, bytes, other id)
+    swap_bytes = 0
+    gid = 0
+    kept: list[Swap] = []
+    for k, hit in by_buffer.items():
+        b = buffers[k]
+        far = frozenset(c for s in hit for si in s.swap_ins for c in si.consumers)
+        key = (k, far)
+        if key not in ctx.moved:
+            ctx.moved[key] = _moved_readers(g, b, set(far))
+        moved = ctx.moved[key]
+        keep = [pos[r] for r in b.readers if g.ops[r].name not in moved]
+        keep += [pos[idx[s.tensor.rpartition(":")[0]]] + 1 for s in hit]
+        free[b.last] -= b.bytes
+        free[min(max(keep), n - 1)] += b.bytes
+        for s in hit:
+            kept.append(s)
+            swap_bytes += b.bytes
+            made = pos[idx[s.tensor.rpartition(":")[0]]]
+            out_id = gid
+            events.append((made, 0, out_id, b.bytes, -1))
+            gid += 1
+            for si in s.swap_ins:
+                cons = sorted(pos[idx[c]] for c in si.consumers)
+                at = pos[idx[si.trigger]] if si.trigger else made
+                alloc[at] += b.bytes
+                free[cons[-1]] += b.bytes
+                events.append((at, 1, gid, b.bytes, out_id))
+                events.append((cons[0], -1, gid, b.bytes, -1))  # waits run before the op
+                gid += 1
+    # live bytes at each position: allocated so far minus freed before it
+    alloc_c = np.cumsum(alloc[:n])
+    free_c = np.concatenate(([0], np.cumsum(free[: n - 1])))
+    peak = int((alloc_c - free_c + ctx.scratch[:n]).max()) if n else 0
+    # time: a shift accumulates every wait on a transfer that is not done yet
+    elapsed = ctx.elapsed
+    done: dict[int, float] = {}
+    shift = d2h = h2d = 0.0
+    link = ctx.link
+    for p, kind, ev, nbytes, other in sorted(events):
+        if kind == -1:
+            start = (elapsed[p - 1] if p else 0.0) + shift
+            shift += max(0.0, done.get(ev, start) - start)
+            continue
+        now = elapsed[p] + shift
+        if kind == 0:
+            d2h = max(d2h, now) + nbytes / link
+            done[ev] = d2h
+            if sync_mode in (1, 3):
+                shift += d2h - now
+        else:
+            h2d = max(h2d, now, done.get(other, 0.0)) + nbytes / link
+            done[ev] = h2d
+            if sync_mode in (2, 3):
+                shift += h2d - now
+    total = (float(elapsed[-1]) if n else 0.0) + shift
+    return _Score(peak + ctx.base.input_bytes, total, tuple(kept), swap_bytes)
+
+
+def _moved_readers(g: Graph, b, far: set[str]) -> set[str]:
+    """Readers that leave the buffer with the swap.
+
+    They are the far consumers and the readers of views those consumers wrote in place
+    (after the rewrite those views live in the swap-in's buffer).
+    """
+    tensors = (b.tensor, *b.views)
+    moved = set(far)
+    changed = True
+    while changed:
+        changed = False
+        moved_views = {v for v in tensors if v.rpartition(":")[0] in moved}
+        for r in b.readers:
+            name = g.ops[r].name
+            if name in moved:
+                continue
+            read = [t for t in g.ops[r].inputs if t in tensors]
+            if read and all(t in moved_views for t in read):
+                moved.add(name)
+                changed = True
+    return moved
+
+
+# --- The search --------------------------------------------------------------------------
+
+
+def tune(
+    graph: Graph,
+    batch_size: int,
+    budget_bytes: int | None = None,
+    *,
+    device: str = "V100",
+    link: str = "pcie3",
+    safety: float = 0.9,
+    strategy: str = "default",
+    workspace: str = "none",
+    progress: Progress | None = None,
+    cancel: Callable[[], bool] | None = None,
+) -> TuneResult:
+    """Find the plan with the least predicted overhead that fits the device memory.
+
+    Parameters
+    ----------
+    graph : Graph
+    batch_size : int
+    budget_bytes : int, optional
+        Device memory; default: the device preset's.
+    device : str
+        A key of :data:`DEVICES`.
+    link : str
+        A key of :data:`LINKS`.
+    safety : float
+        Fraction of the free device memory that may be used (0 < safety <= 1).
+    strategy : {"default", "tflms"}
+    workspace : {"none", "cpu"}
+        Kernel workspace model of the simulator (accelerator libraries: "none").
+    progress : callable, optional
+        ``progress(fraction, message)`` during the search.
+    cancel : callable, optional
+        Returning True stops the search; the best plan so far is returned.
+
+    Returns
+    -------
+    TuneResult
+
+    Raises
+    ------
+    ConfigError
+        For an unknown preset or strategy, or a safety outside (0, 1].
+    """
+    if device not in DEVICES:
+        raise ConfigError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
+    if link not in LINKS:
+        raise ConfigError(f"unknown link {link!r} (choose from {', '.join(LINKS)})")
+    if strategy not in ("default", "tflms"):
+        raise ConfigError(f"unknown strategy {strategy!r} (default or tflms)")
+    if not 0 < safety <= 1:
+        raise ConfigError(f"safety must be in (0, 1], got {safety}")
+    dev = DEVICES[device]
+    memory = dev.memory_bytes if budget_bytes is None else budget_bytes
+    if memory <= 0:
+        raise ConfigError(f"budget must be positive, got {memory}")
+    report = progress or (lambda f, m: None)
+    stop = cancel or (lambda: False)
+    sizes = resolve(graph, batch_size)
+    base = simulate(graph, batch_size, sizes=sizes, workspace=workspace)
+    persistent = base.persistent_bytes
+    budget = int((memory - persistent) * safety)
+    ctx = _context(graph, sizes, base, dev, LINKS[link])
+    base_seconds = sum(ctx.seconds)
+    min_peak, bound = _lower_bound(graph, sizes, base)
+
+    def fits(score: _Score) -> bool:
+        return score.transient_peak <= budget
+
+    report(0.0, "simulating the unswapped step")
+    empty = Plan(fingerprint(graph), params={"strategy": strategy})
+    if budget < 0 or min_peak - persistent > budget:
+        return _result(graph, batch_size, empty, False, budget, memory, base, base,
+                       base_seconds, base_seconds, strategy, ctx, min_peak, bound, {},
+                       workspace, reason="bound")
+    if base.transient_peak_bytes <= budget:
+        return _result(graph, batch_size, empty, True, budget, memory, base, base,
+                       base_seconds, base_seconds, strategy, ctx, min_peak, bound, {},
+                       workspace)
+    max_dist = max((b.end - b.start for b in base.buffers), default=1)
+    best: tuple[float, int, dict, tuple[Swap, ...]] | None = None
+    # Largest threshold that fits, escalating the sync mode (TFLMS v2).
+    for sync in range(4):
+        lo, hi, found = 1, max(max_dist, 1), None
+        while lo <= hi and not stop():
+            mid = (lo + hi) // 2
+            sc = _evaluate(ctx, _swaps_for(ctx, mid, 1, 5), sync)
+            if fits(sc):
+                found, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+            report(0.3 * (sync + (1 - (hi - lo) / max(max_dist, 1))) / 4,
+                   f"threshold search, sync mode {sync}")
+        if found is not None:
+            break
+    if found is None:
+        return _result(graph, batch_size, empty, False, budget, memory, base, base,
+                       base_seconds, base_seconds, strategy, ctx, min_peak, bound, {},
+                       workspace, reason="search")
+    knobs = {"threshold": found, "ahead": 1, "groupby": 5, "sync_mode": sync}
+    knobs = _tflms_refine(ctx, knobs, fits, report, stop)
+    swaps = _swaps_for(ctx, knobs["threshold"], knobs["ahead"], knobs["groupby"])
+    if strategy == "default":
+        # Start from the TFLMS choice, so the time model can only improve on it.
+        seed = _evaluate(ctx, swaps, knobs["sync_mode"])
+        best = _grid(ctx, knobs, fits, report, stop,
+                     (seed.seconds, seed.swap_bytes, knobs, seed.swaps))
+        knobs, swaps = best[2], best[3]
+        swaps = _prune(ctx, swaps, knobs["sync_mode"], fits, report, stop)
+    report(0.9, "verifying the plan with the full simulation")
+    return _verify(graph, batch_size, swaps, knobs, budget, memory, base, base_seconds,
+                   strategy, ctx, min_peak, bound, workspace)
+
+
+def _tflms_refine(ctx: _Context, knobs: dict, fits, report, stop) -> dict:
+    """TFLMS v2: then the largest ahead, then the largest groupby that still fit."""
+    t, sync = knobs["threshold"], knobs["sync_mode"]
+    ahead = _largest(lambda a: fits(_evaluate(ctx, _swaps_for(ctx, t, a, 5), sync)), 1, t, stop)
+    report(0.6, "largest ahead")
+    groupby = _largest(
+        lambda gb: fits(_evaluate(ctx, _swaps_for(ctx, t, ahead, gb), sync)), 5, 2 * t, stop
+    )
+    report(0.8, "largest groupby")
+    return {"threshold": t, "ahead": ahead, "groupby": groupby, "sync_mode": sync}
+
+
+def _largest(ok: Callable[[int], bool], lo: int, hi: int, stop) -> int:
+    best = lo
+    while lo <= hi and not stop():
+        mid = (lo + hi) // 2
+        if ok(mid):
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def _grid(ctx: _Context, knobs: dict, fits, report, stop, best):
+    """Score thresholds up to the largest fitting one against ahead and groupby."""
+    top, sync = knobs["threshold"], knobs["sync_mode"]
+    thresholds = sorted({top, max(1, top * 3 // 4), max(1, top // 2)}, reverse=True)
+    aheads = sorted({4, 16, 64, knobs["ahead"], max(1, knobs["ahead"] * 2)})
+    groupbys = sorted({5, 50, knobs["groupby"]})
+    total = len(thresholds) * len(aheads) * len(groupbys)
+    k = 0
+    for t in thresholds:
+        for a in aheads:
+            for gb in groupbys:
+                if stop():
+                    return best
+                k += 1
+                sc = _evaluate(ctx, _swaps_for(ctx, t, a, gb), sync)
+                if fits(sc):
+                    key = (sc.seconds, sc.swap_bytes,
+                           {"threshold": t, "ahead": a, "groupby": gb, "sync_mode": sync},
+                           sc.swaps)
+                    if key[:2] < best[:2]:
+                        best = key
+                report(0.3 + 0.4 * k / total, "scoring knob settings with the time model")
+    return best
+
+
+def _prune(ctx: _Context, swaps: tuple[Swap, ...], sync: int, fits, report, stop):
+    """Drop the smallest swaps for as long as the plan still fits (binary search)."""
+    by_size = {b.tensor: b.bytes for b in ctx.base.buffers}
+    ordered = sorted(swaps, key=lambda s: by_size.get(s.tensor, 0))
+    keep_from = _largest(
+        lambda k: fits(_evaluate(ctx, tuple(ordered[k:]), sync)), 0, len(ordered), stop
+    )
+    report(0.85, f"dropped {keep_from} swaps that the fit does not need")
+    kept = ordered[keep_from:]
+    rank = {s.tensor: j for j, s in enumerate(swaps)}
+    return tuple(sorted(kept, key=lambda s: rank[s.tensor]))
+
+
+def _verify(graph, batch, swaps, knobs, budget, memory, base, base_seconds, strategy, ctx,
+            min_peak, bound, workspace) -> TuneResult:
+    """Rewrite and simulate in full; if the full simulation does not fit, swap more."""
+    plan = Plan(fingerprint(graph), tuple(swaps), knobs["sync_mode"], (),
+                {"strategy": strategy, "batch_size": batch, **knobs})
+    for _attempt in range(8):
+        rw = rewrite(graph, plan)
+        sim = simulate(rw.graph, batch, workspace=workspace)
+        if sim.peak_bytes - sim.persistent_bytes <= budget:
+            seconds = _evaluate(ctx, rw.plan.swaps, plan.sync_mode).seconds
+            return _result(graph, batch, rw.plan, True, budget, memory, base, sim,
+                           base_seconds, seconds, strategy, ctx, min_peak, bound, knobs,
+                           workspace)
+        # The fast evaluator was optimistic: fall back to a lower threshold.
+        knobs = {**knobs, "threshold": max(1, knobs["threshold"] * 2 // 3)}
+        plan = replace(plan, swaps=_swaps_for(ctx, knobs["threshold"], knobs["ahead"],
+                                              knobs["groupby"]))
+    rw = rewrite(graph, plan)
+    sim = simulate(rw.graph, batch, workspace=workspace)
+    return _result(graph, batch, rw.plan, False, budget, memory, base, sim, base_seconds,
+                   _evaluate(ctx, rw.plan.swaps, plan.sync_mode).seconds, strategy, ctx,
+                   min_peak, bound, knobs, workspace, reason="verify")
+
+
+def _lower_bound(graph: Graph, sizes: Sizes, base: Simulation) -> tuple[int, str]:
+    """No plan goes below the largest op's inputs + outputs + workspace (+ persistent)."""
+    adj = graph.adjacency
+    scratch = {b.producer: b.bytes for b in base.buffers if b.scratch}
+    best, name = 0, ""
+    for i, op in enumerate(graph.ops):
+        if op.attrs.get("_lms_role"):
+            continue
+        need = sum(max(b, 0) for b in sizes.nbytes[i]) + scratch.get(i, 0)
+        seen = set()
+        for p, port in adj.data_in[i]:
+            if (p, port) not in seen and graph.ops[p].type not in ("Const",):
+                seen.add((p, port))
+                if graph.ops[p].outputs[port].dtype != "resource":
+                    need += max(sizes.nbytes[p][port], 0)
+        if need > best:
+            best, name = need, op.name
+    return best + base.persistent_bytes + base.input_bytes, name
+
+
+def _result(graph, batch, plan, fits, budget, memory, base, sim, base_seconds, seconds,
+            strategy, ctx, min_peak, bound, knobs, workspace, reason: str = "") -> TuneResult:
+    from .units import format_bytes
+
+    swap_bytes = sum(b.bytes for b in sim.buffers if b.host)
+    overhead = max(0.0, seconds / base_seconds - 1) if base_seconds else 0.0
+    if fits and not plan.swaps:
+        message = (f"fits without swapping: peak {format_bytes(base.peak_bytes)}, budget "
+                   f"{format_bytes(budget)} after {format_bytes(base.persistent_bytes)} "
+                   "persistent")
+    elif fits:
+        message = (f"fits with {len(plan.swaps)} swapped tensors "
+                   f"({format_bytes(swap_bytes)}): peak {format_bytes(base.peak_bytes)} -> "
+                   f"{format_bytes(sim.peak_bytes)}, predicted overhead {overhead:.1%}")
+    elif reason == "bound":
+        message = (f"does not fit: op {bound!r} alone needs {format_bytes(min_peak)} with "
+                   f"persistent memory, over the {format_bytes(memory)} device")
+    else:
+        message = (f"does not fit: the smallest peak found is {format_bytes(sim.peak_bytes)}"
+                   f" (budget {format_bytes(budget)} + {format_bytes(base.persistent_bytes)} "
+                   f"persistent); no plan gets below {format_bytes(min_peak)} (op {bound!r})")
+    del graph, workspace
+    return TuneResult(
+        plan=plan, fits=fits, budget_bytes=budget, device_memory_bytes=memory,
+        persistent_bytes=base.persistent_bytes, baseline_peak_bytes=base.peak_bytes,
+        predicted_peak_bytes=sim.peak_bytes, predicted_host_peak_bytes=sim.host_peak_bytes,
+        predicted_overhead=overhead, baseline_step_seconds=base_seconds,
+        predicted_step_seconds=seconds, swapped_tensors=len(plan.swaps), swap_bytes=swap_bytes,
+        strategy=strategy, evaluations=ctx.evaluations, message=message,
+        min_peak_bytes=min_peak, bound_op=bound, knobs=knobs,
+    )
+
+
+def max_batch(
+    graph: Graph,
+    budget_bytes: int | None = None,
+    *,
+    rewrite_plans: bool = True,
+    limit: int = 1 << 16,
+    **tune_kwargs,
+) -> tuple[int, int]:
+    """Largest batch that fits without rewriting, and with the tuned rewrite.
+
+    Both are found by doubling then bisection (fitting is monotone in the batch size).
+    Returns ``(without, with)``; 0 when not even batch 1 fits.
+    """
+    def fits_plain(b: int) -> bool:
+        r = tune(graph, b, budget_bytes, **{**tune_kwargs, "strategy": "tflms"})
+        return r.fits and not r.plan.swaps
+
+    def fits_tuned(b: int) -> bool:
+        return tune(graph, b, budget_bytes, **tune_kwargs).fits
+
+    without = _max_true(fits_plain, limit)
+    with_rewrite = _max_true(fits_tuned, limit, start=max(without, 1)) if rewrite_plans else 0
+    return without, max(with_rewrite, without)
+
+
+def _max_true(ok: Callable[[int], bool], limit: int, start: int = 1) -> int:
+    if not ok(start):
+        return 0 if start == 1 else start - 1 if ok(start - 1) else 0
+    lo, hi = start, start * 2
+    while hi <= limit and ok(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+__all__ = ["DEVICES", "LINKS", "Device", "Link", "TuneResult", "max_batch", "op_seconds", "tune"]
