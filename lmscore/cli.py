@@ -90,6 +90,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workspace", choices=("cpu", "none"), default="cpu")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("tune", help="the fastest plan that fits a memory budget")
+    p.add_argument("file")
+    p.add_argument("--budget", required=True, help="device memory: bytes or 16GiB, 15.5GB...")
+    p.add_argument("--batch-size", type=_positive_int, default=None)
+    p.add_argument("--function", default=None)
+    p.add_argument("--device", default="V100", help="device preset: P100, V100, A100, H100")
+    p.add_argument("--link", default="pcie3", help="host link preset: pcie3, pcie4, nvlink2")
+    p.add_argument("--safety", type=float, default=0.9, help="usable fraction (0.9)")
+    p.add_argument("--strategy", choices=("default", "tflms"), default="default")
+    p.add_argument("--workspace", choices=("none", "cpu"), default="none",
+                   help="kernel workspace model (none: accelerator libraries)")
+    p.add_argument("--max-batch", action="store_true",
+                   help="largest batch that fits without and with the tuned rewrite")
+    p.add_argument("--compare-grappler", action="store_true",
+                   help="also run TensorFlow's Grappler swapping and TFLMS v2 search")
+    p.add_argument("--plot", default=None, help="write the memory curves (.html)")
+    p.add_argument("--out", default=None, help="write the rewritten GraphDef")
+    p.add_argument("--plan-out", default=None, help="write the plan (JSON)")
+    p.add_argument("--json", action="store_true")
+
     sub.add_parser("samples", help="list the bundled sample graphs")
     return parser
 
@@ -360,6 +380,173 @@ def _validate_plan(args: argparse.Namespace, graph: Any, batch: int) -> int:
     return 0
 
 
+class _Progress:
+    """A progress bar on stderr when it is a terminal; silent otherwise."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.shown = False
+
+    def __call__(self, fraction: float, message: str) -> None:
+        if not self.tty:
+            return
+        width = 30
+        done = int(width * min(max(fraction, 0.0), 1.0))
+        sys.stderr.write(f"\r  [{'#' * done}{'.' * (width - done)}] {fraction:4.0%} "
+                         f"{message[:50]:50s}")
+        sys.stderr.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r" + " " * 100 + "\r")
+            sys.stderr.flush()
+
+
+def tune_report(result: Any) -> dict[str, Any]:
+    """The ``lms tune --json`` object of a :class:`lmscore.tune.TuneResult`."""
+    return {
+        "fits": result.fits,
+        "budget_bytes": result.budget_bytes,
+        "device_memory_bytes": result.device_memory_bytes,
+        "persistent_bytes": result.persistent_bytes,
+        "baseline_peak_bytes": result.baseline_peak_bytes,
+        "predicted_peak_bytes": result.predicted_peak_bytes,
+        "predicted_host_peak_bytes": result.predicted_host_peak_bytes,
+        "predicted_overhead": result.predicted_overhead,
+        "baseline_step_seconds": result.baseline_step_seconds,
+        "predicted_step_seconds": result.predicted_step_seconds,
+        "swapped_tensors": result.swapped_tensors,
+        "swap_bytes": result.swap_bytes,
+        "strategy": result.strategy,
+        "knobs": result.knobs,
+        "evaluations": result.evaluations,
+        "min_peak_bytes": result.min_peak_bytes,
+        "bound_op": result.bound_op,
+        "message": result.message,
+    }
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from .plan import save_plan
+    from .rewrite import rewrite
+    from .tune import max_batch, tune
+    from .units import parse_bytes
+
+    budget = parse_bytes(args.budget)
+    graph, batch = _load(args)
+    source = samples.find(args.file).resolve()
+    for dest in filter(None, (args.out, args.plan_out, args.plot)):
+        if pathlib.Path(dest).resolve() == source:
+            raise ConfigError(f"{dest}: refusing to overwrite the input graph")
+    opts = {"device": args.device, "link": args.link, "safety": args.safety,
+            "workspace": args.workspace}
+    bar = _Progress()
+    try:
+        result = tune(graph, batch, budget, strategy=args.strategy, progress=bar, **opts)
+        report = tune_report(result)
+        report["batch_size"] = batch
+        if args.max_batch:
+            bar(0.95, "largest batch sizes")
+            without, with_rw = max_batch(graph, budget, strategy=args.strategy, **opts)
+            report["max_batch_without"] = without
+            report["max_batch_with"] = with_rw
+        if args.compare_grappler:
+            report["comparison"] = _compare(graph, batch, budget, opts, result, bar)
+    finally:
+        bar.close()
+    if args.plot:
+        _plot(graph, batch, result, args.plot, args.workspace)
+    if args.out and result.plan.swaps:
+        from .export import write_graphdef
+
+        write_graphdef(rewrite(graph, result.plan).graph, args.out)
+    if args.plan_out:
+        save_plan(result.plan, args.plan_out)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0 if result.fits else 1
+    print(f"{graph.source}  (batch size {batch}, {args.device} {format_bytes(budget)}, "
+          f"{args.link}, safety {args.safety})")
+    print(f"  {result.message}")
+    print(f"  budget for the step  {format_bytes(result.budget_bytes)} "
+          f"(after {format_bytes(result.persistent_bytes)} persistent)")
+    if result.plan.swaps:
+        print(f"  knobs {result.knobs}, {result.evaluations} plans scored")
+        print(f"  predicted step time  {result.baseline_step_seconds * 1e3:.1f} ms -> "
+              f"{result.predicted_step_seconds * 1e3:.1f} ms "
+              f"(+{result.predicted_overhead:.1%})")
+    if args.max_batch:
+        print(f"  largest batch: {report['max_batch_without']} without rewriting, "
+              f"{report['max_batch_with']} with the tuned rewrite")
+    if args.compare_grappler:
+        rows = [[name, "yes" if r["fits"] else "no", format_bytes(r["predicted_peak_bytes"]),
+                 format_bytes(r["swap_bytes"]), f"{r['predicted_overhead']:.1%}", r["note"]]
+                for name, r in report["comparison"].items()]
+        print(_table(["strategy", "fits", "peak", "swapped", "overhead", "note"], rows))
+    for label, path in (("plan", args.plan_out), ("graph", args.out), ("plot", args.plot)):
+        if path and (label != "graph" or result.plan.swaps):
+            print(f"  wrote {label} {path}")
+    return 0 if result.fits else 1
+
+
+def _compare(graph: Any, batch: int, budget: int, opts: dict, ours: Any, bar: Any) -> dict:
+    """Ours next to the TFLMS v2 search and TensorFlow's Grappler swapping heuristic."""
+    from .tune import tune
+
+    out = {"default": {**tune_report(ours), "note": "time-model search"}}
+    bar(0.96, "TFLMS v2 search")
+    tflms = tune(graph, batch, budget, strategy="tflms", **opts)
+    out["tflms"] = {**tune_report(tflms), "note": "greedy, memory only"}
+    bar(0.98, "Grappler swapping heuristic")
+    from .grappler import grappler_baseline
+
+    g = grappler_baseline(graph, batch, budget)
+    out["grappler"] = {
+        "fits": g.predicted_peak_bytes - ours.persistent_bytes <= ours.budget_bytes,
+        "predicted_peak_bytes": g.predicted_peak_bytes,
+        "swap_bytes": g.swap_bytes,
+        "swapped_tensors": g.swapped_tensors,
+        "predicted_overhead": g.predicted_overhead,
+        "note": g.note,
+    }
+    return out
+
+
+def _plot(graph: Any, batch: int, result: Any, path: str, workspace: str) -> None:
+    """Device curves before and after, host curve and budget line, as plotly HTML."""
+    import plotly.graph_objects as go
+
+    from .memory import simulate
+    from .plan import write_atomic
+    from .rewrite import rewrite
+
+    before = simulate(graph, batch, workspace=workspace)
+    after = simulate(rewrite(graph, result.plan).graph, batch, workspace=workspace)
+    gib = 2**30
+    fig = go.Figure()
+    fig.add_scatter(y=[v / gib for v in before.device_curve], name="device, before",
+                    line={"color": "#9aa5b1"})
+    fig.add_scatter(y=[v / gib for v in after.device_curve], name="device, after",
+                    line={"color": "#1f6feb"})
+    fig.add_scatter(y=[v / gib for v in after.host_curve], name="host", line={"color": "#e3a008"})
+    limit = (result.budget_bytes + result.persistent_bytes) / gib
+    fig.add_hline(y=limit, line_dash="dash", line_color="#d1242f",
+                  annotation_text=f"budget {limit:.2f} GiB")
+    fig.update_layout(title=f"{graph.source}, batch {batch}: {result.message}",
+                      xaxis_title="level (categorized topological order)", yaxis_title="GiB",
+                      template="plotly_white")
+    if path.endswith(".png"):
+        try:
+            data = fig.to_image(format="png")
+        except (ValueError, RuntimeError, ImportError) as e:
+            raise ConfigError(f"{path}: static image export is not available here ({e}); "
+                              "write .html instead") from None
+        write_atomic(path, data)
+        return
+    write_atomic(path, fig.to_html(include_plotlyjs=True, full_html=True))
+
+
 def _cmd_samples(args: argparse.Namespace) -> int:
     rows = [[s["name"], s["file"], s.get("batch_size", ""), s.get("description", "")]
             for s in samples.samples()]
@@ -384,7 +571,7 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
 _COMMANDS = {
     "inspect": _cmd_inspect, "validate": _cmd_validate, "rewrite": _cmd_rewrite,
-    "samples": _cmd_samples,
+    "tune": _cmd_tune, "samples": _cmd_samples,
 }
 
 if __name__ == "__main__":  # pragma: no cover

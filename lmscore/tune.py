@@ -608,9 +608,9 @@ def _result(graph, batch, plan, fits, budget, memory, base, sim, base_seconds, s
     swap_bytes = sum(b.bytes for b in sim.buffers if b.host)
     overhead = max(0.0, seconds / base_seconds - 1) if base_seconds else 0.0
     if fits and not plan.swaps:
-        message = (f"fits without swapping: peak {format_bytes(base.peak_bytes)}, budget "
-                   f"{format_bytes(budget)} after {format_bytes(base.persistent_bytes)} "
-                   "persistent")
+        need = format_bytes(base.transient_peak_bytes)
+        message = (f"fits without swapping: the step needs {need} of "
+                   f"{format_bytes(budget)} (device peak {format_bytes(base.peak_bytes)})")
     elif fits:
         message = (f"fits with {len(plan.swaps)} swapped tensors "
                    f"({format_bytes(swap_bytes)}): peak {format_bytes(base.peak_bytes)} -> "

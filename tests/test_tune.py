@@ -1,0 +1,116 @@
+"""The auto-tuner: fits, does not fit, never claims a fit the simulator does not show."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_properties import dags
+from test_rewrite import long_edge
+
+from lmscore.errors import ConfigError
+from lmscore.memory import simulate
+from lmscore.rewrite import rewrite
+from lmscore.tune import max_batch, op_seconds, tune
+from lmscore.units import parse_bytes
+
+
+def transient_after(graph, result, batch):
+    sim = simulate(rewrite(graph, result.plan).graph, batch, workspace="none")
+    return sim.peak_bytes - sim.persistent_bytes
+
+
+def test_swaps_only_what_the_budget_needs():
+    g = long_edge()  # unswapped transient peak 8032 B; swapping a:0 gives 4064 B
+    r = tune(g, 1, 6000, safety=1.0)
+    assert r.fits and r.budget_bytes == 6000
+    assert [s.tensor for s in r.plan.swaps] == ["a:0"]
+    assert r.predicted_peak_bytes == 4096 and transient_after(g, r, 1) <= 6000
+    assert r.predicted_overhead >= 0 and r.swap_bytes == 4000
+
+
+def test_fits_without_swapping():
+    r = tune(long_edge(), 1, 10_000, safety=1.0)
+    assert r.fits and r.plan.swaps == () and r.predicted_overhead == 0
+    assert "fits without swapping" in r.message
+
+
+def test_nothing_fits_names_the_bounding_op():
+    # f reads e (32 B) and a (4000 B) and writes 32 B; with the 32 B feed: 4096 B.
+    r = tune(long_edge(), 1, 3000, safety=1.0)
+    assert not r.fits and r.plan.swaps == ()
+    assert r.bound_op == "f" and r.min_peak_bytes == 4096
+    assert "does not fit" in r.message and "'f'" in r.message
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"device": "TPU"}, "unknown device"), ({"link": "wifi"}, "unknown link"),
+     ({"strategy": "magic"}, "unknown strategy"), ({"safety": 0}, "safety")],
+)
+def test_bad_options(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        tune(long_edge(), 1, 6000, **kwargs)
+
+
+def test_budget_units():
+    assert parse_bytes("16GiB") == 16 * 2**30
+    assert parse_bytes("800MiB") == 800 * 2**20
+    with pytest.raises(ConfigError, match="not a size"):
+        parse_bytes("lots")
+
+
+@settings(max_examples=60, deadline=None)
+@given(dags(known=True), st.integers(1, 3), st.floats(0.3, 1.2),
+       st.sampled_from(["default", "tflms"]))
+def test_never_claims_a_fit_the_simulator_does_not_show(g, batch, scale, strategy):
+    base = simulate(g, batch, workspace="none")
+    budget = int(base.persistent_bytes + scale * (base.peak_bytes - base.persistent_bytes)) + 1
+    r = tune(g, batch, budget, safety=1.0, strategy=strategy)
+    if r.fits:
+        assert transient_after(g, r, batch) <= r.budget_bytes
+    else:
+        assert r.message.startswith("does not fit")
+
+
+def test_default_is_never_slower_than_tflms_on_resnet():
+    import lmscore
+    from lmscore.samples import sample_dir
+
+    g = lmscore.load(sample_dir() / "resnet50.pb")
+    ours = tune(g, 128, 8 * 2**30)
+    tflms = tune(g, 128, 8 * 2**30, strategy="tflms")
+    assert ours.fits and tflms.fits
+    assert ours.predicted_step_seconds <= tflms.predicted_step_seconds + 1e-9
+    assert transient_after(g, ours, 128) <= ours.budget_bytes
+    secs = op_seconds(g, lmscore.resolve(g, 128), __import__("lmscore.tune").tune.DEVICES["V100"])
+    assert sum(secs) == pytest.approx(ours.baseline_step_seconds)
+
+
+def test_max_batch_monotone_on_the_tiny_graph():
+    g = long_edge()  # no batch dimension: every batch size costs the same
+    without, with_rw = max_batch(g, 10_000, safety=1.0, limit=64)
+    assert without == with_rw == 64
+
+
+def test_tune_cli_json_contract(tmp_path):
+    plan = tmp_path / "plan.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "lmscore.cli", "tune", "mlp", "--budget", "64MiB",
+         "--batch-size", "2048", "--json", "--max-batch", "--plan-out", str(plan)],
+        capture_output=True, text=True,
+    )
+    assert r.returncode in (0, 1), r.stderr
+    d = json.loads(r.stdout)
+    for key in ("fits", "budget_bytes", "predicted_peak_bytes", "predicted_overhead",
+                "swapped_tensors", "swap_bytes", "max_batch_without", "max_batch_with"):
+        assert key in d
+    assert d["max_batch_with"] >= d["max_batch_without"] > 0
+    assert json.loads(plan.read_text())["version"] == 1
+    bad = subprocess.run([sys.executable, "-m", "lmscore.cli", "tune", "mlp", "--budget", "x"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "not a size" in bad.stderr
