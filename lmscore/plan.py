@@ -270,6 +270,18 @@ def known_size(graph: Graph, ordering: Ordering, sizes: Sizes, i: int, port: int
     return sizes.nbytes[i][port] > 0
 
 
+def owns_memory(graph: Graph, ordering: Ordering, sizes: Sizes, i: int, port: int) -> bool:
+    """The tensor is not a view of a variable, constant or feed (those stay resident)."""
+    from .memory import ALIAS_OPS
+
+    adj = graph.adjacency
+    seen = 0
+    while graph.ops[i].type in ALIAS_OPS and adj.data_in[i] and seen < 64:
+        i, port = adj.data_in[i][port if graph.ops[i].type == "IdentityN" else 0]
+        seen += 1
+    return ordering.categories[i] not in ("persistent", "input")
+
+
 def in_scopes(scopes: Sequence[str]) -> Predicate:
     """The producer's name is in one of ``scopes`` (prefixes)."""
     def pred(graph: Graph, ordering: Ordering, sizes: Sizes, i: int, port: int) -> bool:
@@ -291,7 +303,9 @@ def negate(p: Predicate) -> Predicate:
     return lambda *a: not p(*a)
 
 
-DEFAULT_PREDICATES: tuple[Predicate, ...] = (on_accelerator, rank_at_least_2, known_size)
+DEFAULT_PREDICATES: tuple[Predicate, ...] = (
+    on_accelerator, rank_at_least_2, known_size, owns_memory,
+)
 
 
 @dataclass(frozen=True)

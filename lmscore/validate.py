@@ -158,8 +158,8 @@ def validate_plan(
 ) -> PlanValidation:
     """Run the original and the rewritten step on the emulated accelerator and compare.
 
-    The original runs on one CPU device; the rewrite is exported with real copies
-    (swap-outs on CPU:1 as the host, swap-ins on CPU:0) and run on two. Both get the same
+    Both run on two CPU devices: the original entirely on CPU:0, the rewrite exported with
+    real copies (swap-outs on CPU:1 as the host, swap-ins on CPU:0). Both get the same
     synthetic inputs and variables, so their losses and variables must be identical.
 
     Parameters
@@ -186,7 +186,8 @@ def validate_plan(
         raise RunError(f"{graph.source}: no GraphDef to run (build the graph with lmscore.load)")
     sim0 = simulate(graph, batch_size)
     sim1 = simulate(rw.graph, batch_size)
-    m0 = measure(graph.graphdef, batch_size, steps=steps, seed=seed)
+    # Both on the same two-device runtime, so that its scheduling affects both alike.
+    m0 = measure(graph.graphdef, batch_size, steps=steps, seed=seed, devices=2)
     m1 = measure(to_graphdef(rw.graph, mode="emulate"), batch_size, steps=steps, seed=seed,
                  devices=2)
     dev = "CPU:0"
