@@ -457,7 +457,7 @@ def tune(
         return _result(graph, batch_size, empty, False, budget, memory, base, base,
                        base_seconds, base_seconds, strategy, ctx, min_peak, bound, {},
                        workspace, reason="bound")
-    if base.transient_peak_bytes <= budget:
+    if base.peak_bytes - persistent <= budget:
         return _result(graph, batch_size, empty, True, budget, memory, base, base,
                        base_seconds, base_seconds, strategy, ctx, min_peak, bound, {},
                        workspace)
@@ -608,7 +608,7 @@ def _result(graph, batch, plan, fits, budget, memory, base, sim, base_seconds, s
     swap_bytes = sum(b.bytes for b in sim.buffers if b.host)
     overhead = max(0.0, seconds / base_seconds - 1) if base_seconds else 0.0
     if fits and not plan.swaps:
-        need = format_bytes(base.transient_peak_bytes)
+        need = format_bytes(base.peak_bytes - base.persistent_bytes)
         message = (f"fits without swapping: the step needs {need} of "
                    f"{format_bytes(budget)} (device peak {format_bytes(base.peak_bytes)})")
     elif fits:

@@ -15,7 +15,7 @@ from test_rewrite import long_edge
 from lmscore.errors import ConfigError
 from lmscore.memory import simulate
 from lmscore.rewrite import rewrite
-from lmscore.tune import max_batch, op_seconds, tune
+from lmscore.tune import DEVICES, max_batch, op_seconds, tune
 from lmscore.units import parse_bytes
 
 
@@ -87,7 +87,7 @@ def test_default_is_never_slower_than_tflms_on_resnet():
     assert ours.fits and tflms.fits
     assert ours.predicted_step_seconds <= tflms.predicted_step_seconds + 1e-9
     assert transient_after(g, ours, 128) <= ours.budget_bytes
-    secs = op_seconds(g, lmscore.resolve(g, 128), __import__("lmscore.tune").tune.DEVICES["V100"])
+    secs = op_seconds(g, lmscore.resolve(g, 128), DEVICES["V100"])
     assert sum(secs) == pytest.approx(ours.baseline_step_seconds)
 
 
