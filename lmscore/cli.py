@@ -533,7 +533,8 @@ def _plot(graph: Any, batch: int, result: Any, path: str, workspace: str) -> Non
     limit = (result.budget_bytes + result.persistent_bytes) / gib
     fig.add_hline(y=limit, line_dash="dash", line_color="#d1242f",
                   annotation_text=f"budget {limit:.2f} GiB")
-    fig.update_layout(title=f"{graph.source}, batch {batch}: {result.message}",
+    name = pathlib.Path(graph.source).name
+    fig.update_layout(title=f"{name}, batch {batch}<br><sup>{result.message}</sup>",
                       xaxis_title="level (categorized topological order)", yaxis_title="GiB",
                       template="plotly_white")
     if path.endswith(".png"):
