@@ -111,11 +111,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
 
     sub.add_parser("samples", help="list the bundled sample graphs")
+    sub.add_parser("serve", help="the web app (lms serve [FILE] [--port 8050] ...; -h for more)",
+                   add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``lms`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:  # the web app has its own options
+        from lmsviz.app import main as serve
+
+        return serve(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
