@@ -562,7 +562,8 @@ def _verify(graph, batch, swaps, knobs, budget, memory, base, base_seconds, stra
     """Rewrite and simulate in full; if the full simulation does not fit, swap more."""
     plan = Plan(fingerprint(graph), tuple(swaps), knobs["sync_mode"], (),
                 {"strategy": strategy, "batch_size": batch, **knobs})
-    for _attempt in range(8):
+    best_sim = None
+    for _attempt in range(16):
         rw = rewrite(graph, plan)
         sim = simulate(rw.graph, batch, workspace=workspace)
         if sim.peak_bytes - sim.persistent_bytes <= budget:
@@ -570,14 +571,25 @@ def _verify(graph, batch, swaps, knobs, budget, memory, base, base_seconds, stra
             return _result(graph, batch, rw.plan, True, budget, memory, base, sim,
                            base_seconds, seconds, strategy, ctx, min_peak, bound, knobs,
                            workspace)
-        # The fast evaluator was optimistic: fall back to a lower threshold.
-        knobs = {**knobs, "threshold": max(1, knobs["threshold"] * 2 // 3)}
-        plan = replace(plan, swaps=_swaps_for(ctx, knobs["threshold"], knobs["ahead"],
-                                              knobs["groupby"]))
-    rw = rewrite(graph, plan)
-    sim = simulate(rw.graph, batch, workspace=workspace)
+        if best_sim is None or sim.peak_bytes < best_sim[0].peak_bytes:
+            best_sim = (sim, rw, knobs)
+        # The fast evaluator was optimistic: smaller groups, later swap-ins, more swaps,
+        # then synchronous copies, until the full simulation fits.
+        if knobs["groupby"] > 5:
+            knobs = {**knobs, "groupby": max(5, knobs["groupby"] // 4)}
+        elif knobs["ahead"] > 1:
+            knobs = {**knobs, "ahead": max(1, knobs["ahead"] // 2)}
+        elif knobs["threshold"] > 1:
+            knobs = {**knobs, "threshold": max(1, knobs["threshold"] * 2 // 3)}
+        elif knobs["sync_mode"] < 3:
+            knobs = {**knobs, "sync_mode": knobs["sync_mode"] + 1}
+        else:
+            break
+        plan = replace(plan, sync_mode=knobs["sync_mode"], swaps=_swaps_for(
+            ctx, knobs["threshold"], knobs["ahead"], knobs["groupby"]))
+    sim, rw, knobs = best_sim
     return _result(graph, batch, rw.plan, False, budget, memory, base, sim, base_seconds,
-                   _evaluate(ctx, rw.plan.swaps, plan.sync_mode).seconds, strategy, ctx,
+                   _evaluate(ctx, rw.plan.swaps, rw.plan.sync_mode).seconds, strategy, ctx,
                    min_peak, bound, knobs, workspace, reason="verify")
 
 
@@ -616,8 +628,10 @@ def _result(graph, batch, plan, fits, budget, memory, base, sim, base_seconds, s
                    f"({format_bytes(swap_bytes)}): peak {format_bytes(base.peak_bytes)} -> "
                    f"{format_bytes(sim.peak_bytes)}, predicted overhead {overhead:.1%}")
     elif reason == "bound":
+        usable = format_bytes(budget + base.persistent_bytes)
         message = (f"does not fit: op {bound!r} alone needs {format_bytes(min_peak)} with "
-                   f"persistent memory, over the {format_bytes(memory)} device")
+                   f"persistent memory, over the usable {usable} of the "
+                   f"{format_bytes(memory)} device")
     else:
         message = (f"does not fit: the smallest peak found is {format_bytes(sim.peak_bytes)}"
                    f" (budget {format_bytes(budget)} + {format_bytes(base.persistent_bytes)} "
