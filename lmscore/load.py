@@ -23,6 +23,8 @@ from tensorboard.compat.proto import graph_pb2, types_pb2
 from .errors import GraphError
 from .ir import Graph, Op, TensorSpec, op_signatures
 
+#: Largest total size a zipped SavedModel may unpack to (guards against zip bombs).
+_MAX_UNZIPPED = 8 * 2**30
 #: Integer constants up to this many elements are decoded (shape arguments, axes, perms).
 _SMALL_CONST = 64
 _DTYPE_NAMES = {v: k[3:].lower() for k, v in types_pb2.DataType.items()}
@@ -370,6 +372,10 @@ def _load_zipped_saved_model(path: pathlib.Path, function: str | None) -> Graph:
         root = pathlib.Path(tmp).resolve()
         try:
             with zipfile.ZipFile(path) as zf:
+                total = sum(info.file_size for info in zf.infolist())
+                if total > _MAX_UNZIPPED:
+                    raise GraphError(f"{path}: the zip archive would unpack to {total} bytes "
+                                     f"(limit {_MAX_UNZIPPED})")
                 for info in zf.infolist():
                     target = (root / info.filename).resolve()
                     if not target.is_relative_to(root):

@@ -121,6 +121,9 @@ class LiveTensor:
         is not a constant, variable or feed; rank >= 2; read after a gap).
     reason : str
         Why it is not swappable (empty when it is).
+    swap_tensor : str
+        The tensor to swap to move this buffer off the device: of the tensors sharing the
+        buffer (views, in-place results), the one with the longest edge to a reader.
     """
 
     tensor: str
@@ -131,6 +134,7 @@ class LiveTensor:
     category: str
     swappable: bool
     reason: str
+    swap_tensor: str = ""
 
 
 @dataclass(frozen=True)
@@ -564,13 +568,25 @@ def hotspots(
     tuple of LiveTensor
     """
     ordering = order(graph)
+    lv = ordering.levels
+    adj = graph.adjacency
     lvl = sim.peak_level if level is None else level
     rows = []
     for b in live_at(sim, lvl)[:limit]:
+        best, reach = b.tensor, -1
+        for t in (b.tensor, *b.views):
+            name, _, port = t.rpartition(":")
+            i = graph.index[name]
+            far = max((lv[c] - lv[i] for c in adj.consumers.get((i, int(port)), ())),
+                      default=-1)
+            if far > reach:
+                best, reach = t, far
         port = b.tensor.rpartition(":")[2]
         shape = graph.ops[b.producer].outputs[int(port)].shape if port.isdigit() else None
         category = ordering.categories[b.producer]
         reason = _not_swappable(category, shape, b)
+        if not reason and reach <= 1:  # every reader of every view is adjacent to it
+            reason = "no gap between producer and last reader"
         rows.append(LiveTensor(
             tensor=b.tensor,
             bytes=b.bytes,
@@ -580,6 +596,7 @@ def hotspots(
             category=category,
             swappable=not reason,
             reason=reason,
+            swap_tensor=best if not b.scratch else "",
         ))
     return tuple(rows)
 

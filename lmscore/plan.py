@@ -625,7 +625,7 @@ def add_swap(
     i = graph.index[op_name]
     lv = order(graph).levels
     readers = graph.adjacency.consumers.get((i, port), ())
-    far = [graph.ops[c].name for c in readers if lv[c] - lv[i] > threshold]
+    far = [graph.ops[c].name for c in dict.fromkeys(readers) if lv[c] - lv[i] > threshold]
     if not far:
         raise PlanError(f"tensor {tensor!r} has no consumer more than {threshold} level(s) "
                         "after it: nothing to swap")

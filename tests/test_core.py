@@ -57,7 +57,20 @@ def test_hotspots_at_peak():
     assert [(h.tensor, h.bytes, h.producer_level, h.last_use_level, h.distance) for h in rows] == [
         ("g_w:0", 32, 7, 9, 2), ("g_tile:0", 16, 5, 7, 2), ("loss:0", 4, 4, 10, 6),
     ]
-    assert rows[0].swappable and not rows[2].swappable and rows[2].reason == "rank < 2"
+    # g_w's buffer lives 7..9 only through the in-place lr multiply: each of its tensors is
+    # read by the very next level, so no swap can free it
+    assert not rows[0].swappable and rows[0].reason == "no gap between producer and last reader"
+    assert rows[0].swap_tensor == "g_w:0"
+    assert not rows[2].swappable and rows[2].reason == "rank < 2"
+
+
+def test_hotspot_names_the_tensor_to_swap():
+    from test_rewrite import long_edge
+
+    g = long_edge()
+    rows = hotspots(g, simulate(g, 1))
+    a = next(h for h in rows if h.tensor == "a:0")
+    assert a.swappable and a.swap_tensor == "a:0" and a.distance == 5
 
 
 def test_batch_fills_unknown_dims():

@@ -1,0 +1,307 @@
+"""Speed of the web app in a real browser (headless Chromium through Selenium).
+
+    python bench/bench_ui.py              # ResNet-50 and the 28k-op DenseNet, 5 repeats
+    python bench/bench_ui.py --repeats 9
+    python bench/bench_ui.py --skip-large # ResNet-50 only
+
+For each graph the app runs in its own subprocess (``python -m lmsviz FILE``) on a free
+port of 127.0.0.1. Measured, as medians over the repeats:
+
+- first paint: from the start of navigation (a new tab each time, so nothing is restored)
+  to the moment the device curve of the figure is drawn (``performance.now()`` in the
+  page, polled every 20 ms);
+- knob change: a new threshold, then "apply knobs". *server* is the time the two Dash
+  requests it causes (the control callback, which makes the plan, and the render
+  callback, which rewrites, simulates and builds the figure patch) spend waiting for
+  their responses (Resource Timing ``responseStart - requestStart``, localhost);
+  *visible* is from the click to the updated summary in the page;
+- level click: a click on the memory curve selects a level; time from Plotly's click
+  event to the hotspot table's caption naming that level (the large graph's "usable"
+  check).
+
+The 28k-op graph is ``bench/out/densenet121.pb``, made with
+``python sample_graphs/generate.py --densenet-27k bench/out/densenet121.pb`` when missing
+(TensorFlow, about a minute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from selenium import webdriver  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+
+from lmsviz import figures  # noqa: E402
+
+DENSENET = REPO / "bench" / "out" / "densenet121.pb"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+#: A page with one two-point line plot: the floor of any first paint (loading Dash and
+#: plotly.js, 4.8 MB, in this browser on this machine).
+FLOOR_APP = """
+import sys, dash
+from dash import dcc, html
+app = dash.Dash(__name__)
+app.layout = html.Div([dcc.Graph(id="studio", figure={"data": [
+    {"type": "scatter", "x": [0, 1], "y": [0, 1], "mode": "lines"}]})])
+app.run(host="127.0.0.1", port=int(sys.argv[1]), debug=False)
+"""
+
+
+def start(graph: str, batch: int | None, data: pathlib.Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "lmsviz", graph, "--port", str(port), "--data-dir", str(data)]
+    if graph == "floor":
+        cmd = [sys.executable, "-c", FLOOR_APP, str(port)]
+    if batch:
+        cmd += ["--batch-size", str(batch)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/"
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 180:
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return proc, url
+        except OSError:
+            if proc.poll() is not None:
+                raise SystemExit(f"the app for {graph} exited with {proc.returncode}") from None
+            time.sleep(0.3)
+    proc.kill()
+    raise SystemExit(f"the app for {graph} did not start")
+
+
+def browser() -> Any:
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = "/usr/bin/chromium"
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                f"--user-data-dir={tempfile.mkdtemp(prefix='lms-bench-')}",
+                "--window-size=1500,1300", "--enable-unsafe-swiftshader"):
+        opts.add_argument(arg)
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+
+
+CURVE_DRAWN = """
+var gd = document.querySelector('#studio .js-plotly-plot');
+var t = gd && gd._fullData && gd._fullData[arguments[0]];
+var drawn = t && t.y && t.y.length > 0 && gd.querySelector('.scatterlayer .trace path.js-line');
+return drawn ? performance.now() : null;
+"""
+
+
+def poll(driver: Any, script: str, *args: Any, timeout: float = 120) -> Any:
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        value = driver.execute_script(script, *args)
+        if value:
+            return value
+        time.sleep(0.02)
+    raise TimeoutError(script[:60])
+
+
+def first_paint(driver: Any, url: str) -> float:
+    """Milliseconds from navigation start to the drawn device curve, in a fresh tab."""
+    driver.switch_to.new_window("tab")
+    driver.get(url)
+    ms = poll(driver, CURVE_DRAWN, figures.T_BEFORE)
+    return float(ms)
+
+
+def close_tab(driver: Any, keep: str) -> None:
+    driver.close()
+    driver.switch_to.window(keep)
+
+
+def text(driver: Any, id_: str) -> str:
+    return driver.find_element(By.ID, id_).text
+
+
+#: Thresholds that give ResNet-50 plans of different sizes, applied in turn.
+THRESHOLDS = (2, 20, 1, 50, 3, 100, 10, 200)
+
+HOOK = """
+var gd = document.querySelector('#studio .js-plotly-plot');
+if (!gd.__lmsHooked) {
+    gd.__lmsHooked = true;
+    gd.on('plotly_afterplot', function () { window.__plotted = performance.now(); });
+}
+window.__plotted = 0;
+performance.clearResourceTimings();
+window.__t0 = performance.now();
+"""
+
+
+def knob_change(driver: Any, threshold: int) -> tuple[float, float]:
+    """(server ms, visible ms) of applying a new threshold."""
+    field = driver.find_element(By.ID, "knob-threshold")
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys(Keys.BACKSPACE, str(threshold), Keys.TAB)
+    time.sleep(0.3)
+    driver.execute_script(HOOK)
+    driver.find_element(By.ID, "knobs-apply").click()
+    entries = poll(driver, """
+        var e = performance.getEntriesByType('resource').filter(
+            r => r.name.indexOf('_dash-update-component') >= 0 && r.responseEnd > 0);
+        return e.length >= 2 && window.__plotted > 0
+            ? [window.__plotted - window.__t0].concat(
+                  e.map(r => r.responseStart - r.requestStart)) : null;""")
+    return float(sum(entries[1:])), float(entries[0])
+
+
+POINT_XY = """
+var gd = document.querySelector('#studio .js-plotly-plot');
+var L = gd._fullLayout, t = gd._fullData[arguments[0]], k = arguments[1];
+var r = gd.getBoundingClientRect();
+return [L.xaxis2._offset + L.xaxis2.d2p(t.x[k]) - r.width / 2,
+        L.yaxis2._offset + L.yaxis2.d2p(t.y[k]) - r.height / 2];
+"""
+
+
+def click_curve(driver: Any, level: int) -> None:
+    """Click the device curve's point at ``level``."""
+    dx, dy = driver.execute_script(POINT_XY, figures.T_BEFORE, level)
+    plot = driver.find_element(By.CSS_SELECTOR, "#studio .js-plotly-plot")
+    webdriver.ActionChains(driver).move_to_element_with_offset(
+        plot, int(dx), int(dy)).pause(0.2).click().perform()
+
+
+LEVEL_HOOK = """
+var gd = document.querySelector('#studio .js-plotly-plot');
+if (!gd.__lmsClick) {
+    gd.__lmsClick = true;
+    gd.on('plotly_click', function () { window.__clicked = performance.now(); });
+    new MutationObserver(function () { window.__shown = performance.now(); }).observe(
+        document.getElementById('hotspot-caption'), {childList: true, subtree: true,
+                                                     characterData: true});
+}
+window.__clicked = 0; window.__shown = 0;
+"""
+
+
+def level_click(driver: Any, level: int) -> float:
+    """Milliseconds from Plotly's click on the memory curve to the table caption update."""
+    driver.execute_script(LEVEL_HOOK)
+    click_curve(driver, level)
+    return float(poll(driver, "return window.__shown > window.__clicked && window.__clicked > 0"
+                              " ? window.__shown - window.__clicked : null", timeout=60))
+
+
+def floor(repeats: int) -> list[float]:
+    """First paints of the one-plot page."""
+    proc, url = start("floor", None, pathlib.Path(tempfile.mkdtemp()))
+    driver = browser()
+    try:
+        driver.get(url)
+        home = driver.current_window_handle
+        poll(driver, CURVE_DRAWN, 0)
+        paints = []
+        for _ in range(repeats):
+            driver.switch_to.new_window("tab")
+            driver.get(url)
+            paints.append(float(poll(driver, CURVE_DRAWN, 0)))
+            close_tab(driver, home)
+    finally:
+        driver.quit()
+        proc.terminate()
+        proc.wait(timeout=20)
+    print(f"\nfloor: a Dash page with one 2-point line plot\n  first paint             "
+          f"{median(paints)}   (n={len(paints)})")
+    return paints
+
+
+def median(xs: list[float]) -> str:
+    return f"{statistics.median(xs):8.0f} ms" if xs else "      n/a"
+
+
+def bench(name: str, graph: str, batch: int | None, repeats: int) -> dict[str, Any]:
+    data = pathlib.Path(tempfile.mkdtemp(prefix="lms-bench-data-"))
+    proc, url = start(graph, batch, data)
+    driver = browser()
+    try:
+        driver.get(url)
+        home = driver.current_window_handle
+        poll(driver, CURVE_DRAWN, figures.T_BEFORE)  # warm up the server caches
+        paints = []
+        for _ in range(repeats):
+            paints.append(first_paint(driver, url))
+            close_tab(driver, home)
+        note = text(driver, "ordering-note")
+        points = driver.execute_script(
+            "var gd = document.querySelector('#studio .js-plotly-plot');"
+            "return [0,1,2,3,4].reduce((s, k) => s + gd._fullData[k].x.length, 0);")
+        servers, visibles = [], []
+        for k in range(repeats):
+            s, v = knob_change(driver, THRESHOLDS[k % len(THRESHOLDS)])
+            servers.append(s)
+            visibles.append(v)
+        n_levels = len(driver.execute_script(
+            "return document.querySelector('#studio .js-plotly-plot')._fullData[arguments[0]].x",
+            figures.T_BEFORE))
+        clicks = [level_click(driver, n_levels * (k + 1) // (repeats + 2))
+                  for k in range(max(2, repeats // 2))]
+        ops = text(driver, "sum-graph")
+    finally:
+        driver.quit()
+        proc.terminate()
+        proc.wait(timeout=20)
+    print(f"\n{name}: {ops}")
+    print(f"  ordering points drawn   {points:,}" + (f"  ({note})" if note else ""))
+    print(f"  first paint             {median(paints)}   (n={len(paints)}: "
+          + ", ".join(f"{p:.0f}" for p in paints) + ")")
+    print(f"  knob change, server     {median(servers)}   (n={len(servers)}: "
+          + ", ".join(f"{p:.0f}" for p in servers) + ")")
+    print(f"  knob change, visible    {median(visibles)}")
+    print(f"  level click -> table    {median(clicks)}")
+    return {"paint": paints, "server": servers, "visible": visibles, "clicks": clicks}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--skip-large", action="store_true")
+    args = p.parse_args()
+    base = floor(args.repeats)
+    res = bench("ResNet-50 (sample, batch 8)", "resnet50", None, args.repeats)
+    large = None
+    if not args.skip_large:
+        if not DENSENET.exists():
+            print(f"generating {DENSENET} ...", flush=True)
+            subprocess.run([sys.executable, "sample_graphs/generate.py", "--densenet-27k",
+                            str(DENSENET)], cwd=REPO, check=True)
+        large = bench("DenseNet-121 (28k ops, batch 32)", str(DENSENET), 32,
+                      max(3, args.repeats // 2 + 1))
+    print("\nsummary")
+    knob = statistics.median(res["server"])
+    print(f"  ResNet-50 first paint        {statistics.median(res['paint']):.0f} ms "
+          f"(floor {statistics.median(base):.0f} ms)")
+    print(f"  ResNet-50 knob change server {knob:.0f} ms "
+          f"({'PASS' if knob < 300 else 'MISS'}: target < 300 ms)")
+    if large:
+        print(f"  28k graph first paint        {statistics.median(large['paint']):.0f} ms; "
+              f"knob change {statistics.median(large['server']):.0f} ms server; "
+              f"level click {statistics.median(large['clicks']):.0f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

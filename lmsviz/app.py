@@ -1,0 +1,138 @@
+"""The web app: :func:`create_app` (the composition root) and :func:`run`.
+
+``python -m lmsviz [FILE] [--batch-size N] [--port P]`` serves it on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import pathlib
+import shutil
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import dash
+
+from . import callbacks, layout, state
+
+DEFAULT_UPLOAD_CAP = 512 * 2**20
+
+
+def assets_dir() -> pathlib.Path:
+    """The Dash assets: ``lmscore/data/assets`` when installed, else the checkout's ``assets/``."""
+    import lmscore
+
+    here = pathlib.Path(lmscore.__file__).resolve().parent
+    installed = here / "data" / "assets"
+    if installed.is_dir():
+        return installed
+    return here.parent / "assets"
+
+
+def _background_manager(jobs_dir: pathlib.Path) -> Any | None:
+    """Dash's disk-cache job manager, or None when its packages are missing."""
+    try:
+        import diskcache
+
+        manager = dash.DiskcacheManager(diskcache.Cache(str(jobs_dir)))
+    except ImportError:
+        return None
+    atexit.register(shutil.rmtree, jobs_dir, ignore_errors=True)
+    return manager
+
+
+def create_app(
+    initial_graph: str | None = None,
+    batch_size: int | None = None,
+    *,
+    upload_cap_bytes: int = DEFAULT_UPLOAD_CAP,
+    data_dir: str | os.PathLike[str] | None = None,
+) -> dash.Dash:
+    """Build the Dash app with ``initial_graph`` loaded.
+
+    Parameters
+    ----------
+    initial_graph : str, optional
+        A GraphDef, SavedModel (directory or zip) or a bundled sample's name; default the
+        ResNet-50 sample.
+    batch_size : int, optional
+        Default: the sample's batch size, else 1.
+    upload_cap_bytes : int
+        Largest graph or plan file accepted from the browser.
+    data_dir : path-like, optional
+        Where plans and uploaded graphs are kept (default ``~/.local/share/lms``).
+
+    Returns
+    -------
+    dash.Dash
+
+    Raises
+    ------
+    lmscore.LmsError
+        If the initial graph cannot be loaded.
+    """
+    ctx = state.new_context(initial_graph, batch_size, upload_cap_bytes=upload_cap_bytes,
+                            data_dir=data_dir)
+    app = dash.Dash(
+        __name__, title="lms studio", update_title=None, assets_folder=str(assets_dir()),
+        background_callback_manager=_background_manager(ctx.jobs_dir),
+    )
+    # base64 inflates uploads by 4/3; the browser refuses anything over the cap first
+    app.server.config["MAX_CONTENT_LENGTH"] = upload_cap_bytes * 4 // 3 + 16 * 2**20
+
+    def page() -> Any:
+        session = state.new_session(ctx)
+        return layout.build(ctx, session, callbacks.render(ctx, session),
+                            callbacks.picker(session["graph"]))
+
+    app.layout = page
+    callbacks.register(app, ctx)
+    return app
+
+
+def run(host: str = "127.0.0.1", port: int = 8050, debug: bool = False, **kwargs: Any) -> None:
+    """Serve the app (blocking).
+
+    Parameters
+    ----------
+    host : str
+        Interface to bind; only this machine by default.
+    port : int
+    debug : bool
+        Dash debug mode (reloader, dev tools); off unless asked for.
+    **kwargs
+        Passed to :func:`create_app`.
+    """
+    app = create_app(**kwargs)
+    print(f"lms studio on http://{host}:{port}/ (Ctrl-C to stop)", flush=True)
+    app.run(host=host, port=port, debug=debug, dev_tools_ui=debug, use_reloader=False)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m lmsviz``: parse the command line and serve."""
+    from lmscore.errors import LmsError
+    from lmscore.units import parse_bytes
+
+    p = argparse.ArgumentParser(prog="lms serve", description="the lms web app")
+    p.add_argument("file", nargs="?", default=None,
+                   help="GraphDef, SavedModel or sample name (default: resnet50)")
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (127.0.0.1)")
+    p.add_argument("--port", type=int, default=8050)
+    p.add_argument("--debug", action="store_true", help="Dash debug mode")
+    p.add_argument("--upload-cap", default="512MiB", help="largest upload (512MiB)")
+    p.add_argument("--data-dir", default=None, help="plans and uploads (~/.local/share/lms)")
+    args = p.parse_args(argv)
+    try:
+        run(host=args.host, port=args.port, debug=args.debug, initial_graph=args.file,
+            batch_size=args.batch_size, upload_cap_bytes=parse_bytes(args.upload_cap),
+            data_dir=args.data_dir)
+    except LmsError as e:
+        print(f"lms: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0

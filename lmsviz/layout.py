@@ -1,0 +1,215 @@
+"""Layout of the single page: controls, summary, the linked views, the hotspot table.
+
+The page is built per visit (:func:`build` is called by the app's layout function) with
+the initial session's figure already in it, so the first paint needs no callback round
+trip. Component ids are the contract with :mod:`lmsviz.callbacks`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from dash import dash_table, dcc, html
+from dash.dash_table.Format import Format, Scheme
+
+from .state import AppContext, presets
+
+#: Labels of the sync modes (TFLMS v2).
+SYNC_LABELS = {0: "0: none", 1: "1: swap-outs", 2: "2: swap-ins", 3: "3: both"}
+
+HOTSPOT_COLUMNS = [
+    {"name": "tensor", "id": "tensor"},
+    {"name": "MiB", "id": "mib", "type": "numeric",
+     "format": Format(precision=2, scheme=Scheme.fixed)},
+    {"name": "from level", "id": "producer_level", "type": "numeric"},
+    {"name": "last use", "id": "last_use_level", "type": "numeric"},
+    {"name": "distance", "id": "distance", "type": "numeric"},
+    {"name": "category", "id": "category"},
+    {"name": "swappable", "id": "swappable"},
+    {"name": "swap", "id": "swap"},
+]
+
+
+def _table(**props: Any) -> dash_table.DataTable:
+    """A DataTable, without Dash 4's notice that it will move out of the core package."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return dash_table.DataTable(**props)
+
+
+def _field(label: str, control: Any, hint: str = "") -> html.Label:
+    return html.Label([html.Span(label, className="label"), control], className="field",
+                      title=hint)
+
+
+def _number(id_: str, value: Any, minimum: int, hint: str, label: str) -> html.Label:
+    return _field(label, dcc.Input(id=id_, type="number", value=value, min=minimum, step=1,
+                                   debounce=True, className="num"), hint)
+
+
+def preset_options(table: dict[str, Any]) -> list[dict[str, str]]:
+    """Dropdown options of tuner presets, labelled with their memory or link name."""
+    out = []
+    for key, preset in table.items():
+        memory = getattr(preset, "memory_bytes", None)
+        label = f"{key} ({memory / 2**30:g} GiB)" if memory else key
+        out.append({"label": label, "value": key, "title": str(getattr(preset, "name", key))})
+    return out
+
+
+def controls(session: dict[str, Any], picker: tuple[list[dict[str, str]], str]) -> html.Div:
+    """The graph, batch, budget and preset controls, the knobs and auto-tune."""
+    s = session["settings"]
+    devices, links = presets()
+    knobs = s["knobs"]
+    options, value = picker
+    return html.Div([
+        html.Div([
+            _field("graph", dcc.Dropdown(id="graph-picker", options=options, value=value,
+                                         clearable=False, className="picker")),
+            dcc.Upload(id="graph-upload", children=html.Div(["upload .pb / .pbtxt / .zip"]),
+                       className="upload", accept=".pb,.pbtxt,.txt,.prototxt,.graphdef,.zip"),
+            _number("batch", s["batch"], 1, "fills the unknown batch dimension", "batch size"),
+            _field("budget", dcc.Input(id="budget", type="text", value=s["budget"],
+                                       debounce=True, className="text"),
+                   "device memory budget, e.g. 16GiB or 15.5GB"),
+            _field("device", dcc.Dropdown(id="device", options=preset_options(devices),
+                                          value=s["device"], clearable=False,
+                                          className="preset"), "accelerator preset (tuner)"),
+            _field("link", dcc.Dropdown(id="link", options=preset_options(links), value=s["link"],
+                                        clearable=False, className="preset"),
+                   "host link preset (tuner)"),
+            _field("workspace", dcc.Dropdown(
+                id="workspace", value=s.get("workspace", "cpu"), clearable=False,
+                className="preset", options=[
+                    {"label": "CPU kernels", "value": "cpu"},
+                    {"label": "tensors only", "value": "none"}]),
+                   "kernel workspace the simulator counts: TensorFlow's CPU convolution "
+                   "gradients (what lms validate measures), or none (accelerator libraries "
+                   "size theirs at run time)"),
+        ], className="row"),
+        html.Div([
+            _number("knob-threshold", knobs["threshold"], 1,
+                    "consumers more than this many levels away read from the host", "threshold"),
+            _number("knob-ahead", knobs["ahead"], 1,
+                    "swap-ins start about this many levels early", "ahead"),
+            _number("knob-groupby", knobs["groupby"], 0,
+                    "consumers within this many levels share a swap-in", "groupby"),
+            _field("sync mode", dcc.Dropdown(
+                id="knob-sync", options=[{"label": v, "value": k} for k, v in SYNC_LABELS.items()],
+                value=knobs["sync_mode"], clearable=False, className="preset")),
+            html.Button("apply knobs", id="knobs-apply", className="primary"),
+            html.Span(className="sep"),
+            html.Button("auto-tune", id="tune-run", className="primary"),
+            html.Button("cancel", id="tune-cancel", disabled=True),
+            html.Progress(id="tune-progress", value="0", max="100",
+                          style={"visibility": "hidden"}),
+            html.Span(id="tune-status", className="status"),
+        ], className="row"),
+        html.Div([
+            html.Span("plan", className="label"),
+            html.Button("save plan", id="plan-save"),
+            dcc.Upload(id="plan-upload", children=html.Div("load plan (.json)"),
+                       className="upload small", accept=".json"),
+            html.Button("reset plan", id="plan-reset"),
+            html.Span(className="sep"),
+            html.Span("export", className="label"),
+            _field("device", dcc.Input(id="export-device", type="text", value="/GPU:0",
+                                       className="text short"), "accelerator device string"),
+            _field("host", dcc.Input(id="export-host", type="text", value="/CPU:0",
+                                     className="text short"), "host device string"),
+            html.Button("export rewritten graph + plan", id="export"),
+            dcc.Download(id="download"),
+        ], className="row"),
+    ], className="controls")
+
+
+def views(rendered: Any) -> html.Div:
+    """The linked views: the two-row figure and the hotspot table with the swap editor."""
+    return html.Div([
+        html.Div(rendered.note, id="ordering-note", className="note"),
+        dcc.Loading(
+            dcc.Graph(id="studio", figure=rendered.figure, className="studio",
+                      config={"displaylogo": False, "scrollZoom": True,
+                              "modeBarButtonsToRemove": ["lasso2d", "select2d"]}),
+            delay_show=400, overlay_style={"visibility": "visible", "opacity": 0.6},
+            type="dot",
+        ),
+        html.Div([
+            html.Div([
+                html.Div(rendered.caption, id="hotspot-caption", className="caption"),
+                _table(
+                    id="hotspots", columns=HOTSPOT_COLUMNS, data=rendered.rows,
+                    sort_action="native", filter_action="native", page_action="native",
+                    page_size=12, style_data_conditional=rendered.row_styles,
+                    style_table={"overflowX": "auto"},
+                    style_cell={"fontFamily": "system-ui, sans-serif", "fontSize": "13px",
+                                "padding": "4px 8px", "textAlign": "left"},
+                    style_cell_conditional=[
+                        {"if": {"column_id": "tensor"}, "maxWidth": "420px",
+                         "whiteSpace": "normal", "wordBreak": "break-all"},
+                    ],
+                    style_header={"fontWeight": "600", "backgroundColor": "#f1f5f9"},
+                ),
+            ], className="table"),
+            html.Div([
+                html.H4("swap editor"),
+                html.Div(rendered.editor, id="swap-editor"),
+                html.Div([
+                    dcc.Dropdown(id="edit-group", options=rendered.groups, value=0,
+                                 clearable=False, placeholder="swap-in", className="preset"),
+                    html.Button("trigger = selected op", id="edit-trigger",
+                                title="click an op in the ordering view first"),
+                    html.Button("synchronous", id="edit-sync"),
+                ], className="row"),
+                html.Div([
+                    html.Button("swap / unswap selected op's output", id="edit-swap-op",
+                                title="click an op in the ordering view first"),
+                ], className="row"),
+                html.Div([
+                    dcc.Input(id="edit-groupby", type="number", value=5, min=0, step=1,
+                              className="num"),
+                    html.Button("regroup by levels", id="edit-regroup"),
+                    html.Button("one group", id="edit-onegroup"),
+                ], className="row"),
+            ], className="editor"),
+        ], className="lower"),
+    ], className="views")
+
+
+def build(app: AppContext, session: dict[str, Any], rendered: Any,
+          picker: tuple[list[dict[str, str]], str]) -> html.Div:
+    """The whole page for a new visit.
+
+    Parameters
+    ----------
+    app : AppContext
+        Server state (upload cap).
+    session : dict
+        Initial data of the session stores (:func:`lmsviz.state.new_session`).
+    rendered : lmsviz.callbacks.Rendered
+        The initial session rendered (figure, table, summary).
+    picker : (list, str)
+        Options and value of the graph picker.
+    """
+    return html.Div([
+        html.Header([
+            html.H1("lms studio"),
+            html.Span("see where a training step's memory goes, and make it fit",
+                      className="tagline"),
+        ]),
+        controls(session, picker),
+        html.Div(id="message", className="message", role="status"),
+        html.Div(rendered.summary, id="summary", className="summary"),
+        views(rendered),
+        dcc.Store(id="st-graph", storage_type="session", data=session["graph"]),
+        dcc.Store(id="st-settings", storage_type="session", data=session["settings"]),
+        dcc.Store(id="st-plan", storage_type="session", data=session["plan"]),
+        dcc.Store(id="st-view", storage_type="session", data=session["view"]),
+        dcc.Store(id="st-rendered", data=rendered.rendered),
+        dcc.Store(id="st-tune"),
+        dcc.Store(id="graph-gate"),
+        dcc.Store(id="plan-gate"),
+        dcc.Store(id="st-config", data=app.upload_cap_bytes),
+    ], className="page")

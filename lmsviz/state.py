@@ -1,0 +1,510 @@
+"""Server-side state of the web app, and the shape of the per-session state.
+
+Per-session state lives in the browser (``dcc.Store``, one per concern, see
+:func:`new_session`); the server keeps only an :class:`AppContext`, made by
+:func:`lmsviz.app.create_app` (never at module level):
+
+- a bounded, content-addressed cache of loaded graphs (:class:`BoundedCache`, keyed by the
+  SHA-256 of the file) and of results derived from them (orderings, simulations, keyed by
+  graph hash, batch size and plan hash). Entries are immutable; two sessions showing the
+  same graph share its entry, and nothing else.
+- the user data directory: plans saved per graph fingerprint (``plans/<fp>.json``, written
+  atomically on every edit so work survives a server restart) and the uploaded graphs
+  (``uploads/<sha256><suffix>``, the last :data:`KEEP_UPLOADS`), so that a page reloaded
+  after a restart finds its graph again.
+
+Uploaded files are only ever parsed as protobufs (or, for a zip, as a SavedModel by
+:func:`lmscore.load`); nothing uploaded is executed or unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import pathlib
+import re
+import tempfile
+import threading
+import zipfile
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import lmscore
+from lmscore import samples
+from lmscore.errors import ConfigError, GraphError, LmsError
+from lmscore.ir import Graph
+from lmscore.plan import Plan, check_plan, fingerprint, plan_from_json, write_atomic
+from lmscore.units import format_bytes
+
+T = TypeVar("T")
+
+#: Suffixes accepted for uploaded graphs.
+GRAPH_SUFFIXES = (".pb", ".pbtxt", ".txt", ".prototxt", ".graphdef", ".zip")
+_TEXT_SUFFIXES = (".pbtxt", ".txt", ".prototxt")
+#: Uploaded graphs kept in the data directory for reloads after a restart.
+KEEP_UPLOADS = 8
+#: A zipped SavedModel may not unpack to more than this many times the upload cap.
+ZIP_EXPANSION = 4
+DEFAULT_SAMPLE = "resnet50"
+DEFAULT_BUDGET = "16GiB"
+DEFAULT_KNOBS = {"threshold": 5, "ahead": 1, "groupby": 5, "sync_mode": 0}
+_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def default_data_dir() -> pathlib.Path:
+    """``$XDG_DATA_HOME/lms`` (``~/.local/share/lms``)."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                           "share")
+    return pathlib.Path(base) / "lms"
+
+
+class BoundedCache:
+    """A least-recently-used mapping with at most ``maxsize`` entries.
+
+    Values must be treated as read-only by callers: they are shared by every session
+    that asks for the same key.
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._data: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        # a background job forks the server; a lock held by another thread at that moment
+        # would stay held forever in the child
+        os.register_at_fork(after_in_child=self._reset_lock)
+
+    def _reset_lock(self) -> None:
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> Any | None:
+        """The value for ``key`` (marked as recently used), or None."""
+        with self._lock:
+            if key not in self._data:
+                return None
+            self._data.move_to_end(key)
+            return self._data[key]
+
+    def put(self, key: Hashable, value: Any) -> None:
+        """Store ``value``, evicting the least recently used entries beyond the bound."""
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.maxsize:
+                self._data.popitem(last=False)
+
+    def get_or_compute(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """The cached value, or ``compute()`` stored under ``key``."""
+        value = self.get(key)
+        if value is None:
+            value = compute()
+            self.put(key, value)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+@dataclass(frozen=True)
+class LoadedGraph:
+    """A graph in the cache.
+
+    Attributes
+    ----------
+    key : str
+        SHA-256 of the file's bytes.
+    name : str
+        File name shown to the user.
+    origin : str
+        Where to load it from again: ``"sample:<name>"``, ``"file"`` (the graph given on
+        the command line) or ``"upload"`` (the data directory).
+    graph : Graph
+    default_batch : int or None
+        The sample's batch size, if it is a sample.
+    """
+
+    key: str
+    name: str
+    origin: str
+    graph: Graph = field(repr=False)
+    default_batch: int | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        """Plan fingerprint of the graph (:func:`lmscore.plan.fingerprint`)."""
+        return fingerprint(self.graph)
+
+    def ref(self) -> dict[str, Any]:
+        """The session's reference to this graph (what ``st-graph`` holds)."""
+        ordering = lmscore.order(self.graph)
+        return {
+            "key": self.key, "name": self.name, "origin": self.origin,
+            "fingerprint": self.fingerprint, "ops": len(self.graph.ops),
+            "levels": ordering.num_levels,
+        }
+
+
+@dataclass
+class AppContext:
+    """What the server keeps: caches, limits and directories (one per app).
+
+    Attributes
+    ----------
+    data_dir : pathlib.Path
+        Root of ``plans/`` and ``uploads/``.
+    upload_cap_bytes : int
+    initial : LoadedGraph
+        The graph a new session starts with.
+    initial_batch : int
+    initial_file : pathlib.Path or None
+        The graph file given on the command line, if any (the only path, besides the
+        samples and the data directory, the server reads graphs from).
+    graphs : BoundedCache
+        Loaded graphs by content hash.
+    results : BoundedCache
+        Derived results (sizes, simulations, rewrites) by (hash, batch, ...) keys.
+    max_points : int
+        Ordering-view points above which the view aggregates.
+    jobs_dir : pathlib.Path
+        Directory of the background-job cache.
+    """
+
+    data_dir: pathlib.Path
+    upload_cap_bytes: int
+    initial: LoadedGraph
+    initial_batch: int
+    initial_file: pathlib.Path | None
+    graphs: BoundedCache
+    results: BoundedCache
+    max_points: int
+    jobs_dir: pathlib.Path
+
+    # --- graphs -------------------------------------------------------------------------
+
+    def resolve(self, ref: dict[str, Any]) -> LoadedGraph:
+        """The graph a session refers to: from the cache, else loaded again from its origin.
+
+        Raises
+        ------
+        GraphError
+            If the reference is malformed or its graph is no longer available.
+        """
+        key = str(ref.get("key", ""))
+        hit = self.graphs.get(key)
+        if hit is not None:
+            return hit
+        origin = str(ref.get("origin", ""))
+        name = str(ref.get("name", "graph"))
+        if origin.startswith("sample:"):
+            return load_sample(self, origin.removeprefix("sample:"))
+        if origin == "file" and self.initial_file is not None:
+            return load_file(self, self.initial_file)
+        if origin == "upload" and _HEX.match(key):
+            for p in sorted(self.uploads_dir.glob(f"{key}.*")):
+                return _cache_graph(self, p.read_bytes(), name, "upload", None)
+        raise GraphError(f"{name}: this graph is no longer on the server; upload it again")
+
+    @property
+    def uploads_dir(self) -> pathlib.Path:
+        """Where uploaded graphs are kept."""
+        return self.data_dir / "uploads"
+
+    @property
+    def plans_dir(self) -> pathlib.Path:
+        """Where plans are saved, one per graph fingerprint."""
+        return self.data_dir / "plans"
+
+    # --- plans --------------------------------------------------------------------------
+
+    def save_plan(self, fp: str, plan_json: str) -> None:
+        """Write the session's plan for graph ``fp`` (atomically); errors are ignored."""
+        if not re.fullmatch(r"[0-9a-f]{16}", fp):
+            return
+        try:
+            self.plans_dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.plans_dir / f"{fp}.json", plan_json)
+        except (OSError, ConfigError):
+            pass  # a read-only home must not break editing
+
+    def saved_plan(self, loaded: LoadedGraph) -> Plan | None:
+        """The plan last saved for this graph, if it still fits it."""
+        p = self.plans_dir / f"{loaded.fingerprint}.json"
+        try:
+            plan = plan_from_json(p.read_text(), str(p))
+            check_plan(loaded.graph, plan)
+        except (OSError, UnicodeDecodeError, LmsError):
+            return None
+        return plan
+
+
+def new_context(
+    initial_graph: str | None,
+    batch_size: int | None,
+    *,
+    upload_cap_bytes: int,
+    data_dir: str | os.PathLike[str] | None,
+    max_graphs: int = 4,
+    max_results: int = 16,
+    max_points: int = 20_000,
+) -> AppContext:
+    """Make the server state and load the initial graph.
+
+    Parameters
+    ----------
+    initial_graph : str, optional
+        A graph file or a bundled sample's name (default: :data:`DEFAULT_SAMPLE`).
+    batch_size : int, optional
+        Default: the sample's batch size, else 1.
+    upload_cap_bytes : int
+    data_dir : path-like, optional
+        Default: :func:`default_data_dir`.
+
+    Raises
+    ------
+    LmsError
+        If the initial graph cannot be loaded.
+    """
+    if upload_cap_bytes <= 0:
+        raise ConfigError(f"upload cap must be positive, got {upload_cap_bytes}")
+    if batch_size is not None and batch_size < 1:
+        raise ConfigError(f"batch size must be positive, got {batch_size}")
+    root = pathlib.Path(data_dir) if data_dir is not None else default_data_dir()
+    ctx = AppContext(
+        data_dir=root, upload_cap_bytes=upload_cap_bytes, initial=None,  # type: ignore[arg-type]
+        initial_batch=1, initial_file=None, graphs=BoundedCache(max_graphs),
+        results=BoundedCache(max_results), max_points=max_points,
+        jobs_dir=pathlib.Path(tempfile.mkdtemp(prefix="lms-jobs-")),
+    )
+    name = initial_graph or DEFAULT_SAMPLE
+    if sample_entry(name) is not None and not pathlib.Path(name).exists():
+        loaded = load_sample(ctx, name)
+    else:
+        path = samples.find(name)
+        if sample_entry(path.name) is not None and path.parent == samples.sample_dir():
+            loaded = load_sample(ctx, path.name)
+        else:
+            ctx.initial_file = path.resolve()
+            loaded = load_file(ctx, path)
+    ctx.initial = loaded
+    ctx.initial_batch = batch_size or loaded.default_batch or 1
+    return ctx
+
+
+# --- loading ----------------------------------------------------------------------------
+
+
+def sample_entry(name: str) -> dict[str, Any] | None:
+    """The ``samples.json`` entry called ``name`` (or whose file is ``name``)."""
+    for s in samples.samples():
+        if name in (s["name"], s["file"]):
+            return s
+    return None
+
+
+def sample_options() -> list[dict[str, str]]:
+    """Dropdown options of the bundled samples."""
+    return [
+        {"label": f"{s['name']}  ({s.get('nodes', '?')} ops)", "value": f"sample:{s['name']}"}
+        for s in samples.samples()
+        if (samples.sample_dir() / s["file"]).exists()
+    ]
+
+
+def load_sample(ctx: AppContext, name: str) -> LoadedGraph:
+    """Load a bundled sample (through the cache).
+
+    Raises
+    ------
+    GraphError
+        If there is no such sample.
+    """
+    entry = sample_entry(name)
+    if entry is None:
+        raise GraphError(f"{name}: no such sample")
+    path = samples.sample_dir() / entry["file"]
+    data = _read(path)
+    return _cache_graph(ctx, data, entry["file"], f"sample:{entry['name']}",
+                        int(entry.get("batch_size", 1)))
+
+
+def load_file(ctx: AppContext, path: pathlib.Path) -> LoadedGraph:
+    """Load the graph named on the command line (a file, or a SavedModel directory)."""
+    if path.is_dir():
+        graph = lmscore.load(path)
+        h = hashlib.sha256(graph.graphdef or repr(graph.ops).encode()).hexdigest()
+        loaded = LoadedGraph(h, path.name, "file", graph, None)
+        lmscore.order(graph)
+        ctx.graphs.put(h, loaded)
+        return loaded
+    return _cache_graph(ctx, _read(path), path.name, "file", None)
+
+
+def _read(path: pathlib.Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise GraphError(f"{path}: no such file or directory") from None
+    except OSError as e:
+        raise GraphError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def _cache_graph(
+    ctx: AppContext, data: bytes, name: str, origin: str, default_batch: int | None,
+    path_hint: pathlib.Path | None = None,
+) -> LoadedGraph:
+    key = hashlib.sha256(data).hexdigest()
+    hit = ctx.graphs.get(key)
+    if hit is not None:
+        # same bytes, maybe under another name: share the graph, keep this session's label
+        return LoadedGraph(key, name, origin, hit.graph, default_batch)
+    graph = _parse(data, name, ctx.upload_cap_bytes)
+    lmscore.order(graph)  # refuses cycles now rather than at the first render
+    loaded = LoadedGraph(key, name, origin, graph, default_batch)
+    ctx.graphs.put(key, loaded)
+    return loaded
+
+
+def _parse(data: bytes, name: str, cap: int) -> Graph:
+    suffix = pathlib.Path(name).suffix.lower()
+    if data[:4] == b"PK\x03\x04" or suffix == ".zip":
+        return _load_zip(data, name, cap)
+    text = True if suffix in _TEXT_SUFFIXES else None
+    return lmscore.from_graphdef_bytes(data, source=name, text=text)
+
+
+def _load_zip(data: bytes, name: str, cap: int) -> Graph:
+    """A zipped SavedModel, read by :func:`lmscore.load` from a temporary file."""
+    with tempfile.TemporaryDirectory(prefix="lms-upload-") as tmp:
+        path = pathlib.Path(tmp) / "upload.zip"
+        path.write_bytes(data)
+        try:
+            with zipfile.ZipFile(path) as zf:
+                total = sum(i.file_size for i in zf.infolist())
+        except (zipfile.BadZipFile, OSError) as e:
+            raise GraphError(f"{name}: unreadable zip archive ({e})") from None
+        if total > ZIP_EXPANSION * cap:
+            raise GraphError(f"{name}: the archive unpacks to {format_bytes(total)}, more than "
+                             f"{ZIP_EXPANSION}x the upload limit")
+        graph = lmscore.load(path)
+    return graph.replace(graph.ops, source=name)
+
+
+def accept_upload(ctx: AppContext, filename: str, data: bytes) -> LoadedGraph:
+    """Load an uploaded graph and keep its bytes for reloads after a restart.
+
+    Raises
+    ------
+    GraphError
+        If the file is over the cap, has a suffix that is not a graph's, or does not
+        parse as a training graph.
+    """
+    name = pathlib.Path(filename or "upload").name
+    if len(data) > ctx.upload_cap_bytes:
+        raise GraphError(f"{name} is {format_bytes(len(data))}: over the upload limit of "
+                         f"{format_bytes(ctx.upload_cap_bytes)}")
+    suffix = pathlib.Path(name).suffix.lower()
+    if suffix not in GRAPH_SUFFIXES:
+        raise GraphError(f"{name}: not a graph file (upload a GraphDef .pb or .pbtxt, or a "
+                         ".zip of a SavedModel)")
+    if not data:
+        raise GraphError(f"{name}: the file is empty")
+    try:
+        loaded = _cache_graph(ctx, data, name, "upload", None)
+    except LmsError:
+        raise
+    except RecursionError:
+        raise GraphError(f"{name}: not a GraphDef (nested too deeply)") from None
+    except Exception as e:  # noqa: BLE001 - any parser failure is a bad upload, not a crash
+        raise GraphError(f"{name}: not a usable graph ({type(e).__name__}: {e})") from None
+    _keep_upload(ctx, loaded.key, suffix, data)
+    return loaded
+
+
+def _keep_upload(ctx: AppContext, key: str, suffix: str, data: bytes) -> None:
+    try:
+        ctx.uploads_dir.mkdir(parents=True, exist_ok=True)
+        target = ctx.uploads_dir / f"{key}{suffix}"
+        if not target.exists():
+            write_atomic(target, data)
+        kept = sorted(ctx.uploads_dir.glob("*.*"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in kept[KEEP_UPLOADS:]:
+            old.unlink(missing_ok=True)
+    except (OSError, ConfigError):
+        pass  # the session still works; only a reload after a restart would miss it
+
+
+# --- per-session state (what the dcc.Store components hold) ------------------------------
+
+
+def new_session(ctx: AppContext) -> dict[str, Any]:
+    """Initial data of the session stores for a new tab.
+
+    Returns
+    -------
+    dict
+        ``graph`` (:meth:`LoadedGraph.ref`), ``settings`` (batch, budget, device and link
+        presets, knobs), ``plan`` (plan JSON or None, where it came from, the tuner's
+        verdict) and ``view`` (selected level, tensor and op).
+    """
+    loaded = ctx.initial
+    saved = ctx.saved_plan(loaded)
+    return {
+        "graph": loaded.ref(),
+        "settings": default_settings(ctx.initial_batch),
+        "plan": plan_store(saved, "saved") if saved is not None and saved.swaps else plan_store(
+            None, "none"),
+        "view": empty_view(),
+    }
+
+
+def default_settings(batch: int) -> dict[str, Any]:
+    """Settings of a new session: the V100 preset (if the tuner has it) and its memory."""
+    devices, links = presets()
+    device = "V100" if "V100" in devices else next(iter(devices), "V100")
+    link = "pcie3" if "pcie3" in links else next(iter(links), "pcie3")
+    memory = getattr(devices.get(device), "memory_bytes", None)
+    return {
+        "batch": batch, "budget": budget_text(int(memory)) if memory else DEFAULT_BUDGET,
+        "device": device, "link": link, "workspace": "cpu", "knobs": dict(DEFAULT_KNOBS),
+    }
+
+
+def budget_text(n: int) -> str:
+    """A byte count as budget text.
+
+    >>> budget_text(16 * 2**30), budget_text(1536 * 2**20), budget_text(1000)
+    ('16GiB', '1536MiB', '1000')
+    """
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+def plan_store(plan: Plan | None, source: str, tune: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
+    """What ``st-plan`` holds: the plan as JSON, how it was made, the tuner's verdict."""
+    return {
+        "json": plan.to_json() if plan is not None else None,
+        "source": source,
+        "tune": tune,
+        "swaps": len(plan.swaps) if plan is not None else 0,
+    }
+
+
+def empty_view() -> dict[str, Any]:
+    """No level, tensor or op selected."""
+    return {"level": None, "tensor": None, "op": None}
+
+
+def presets() -> tuple[dict[str, Any], dict[str, Any]]:
+    """Device and link presets of the tuner (empty when it is not installed)."""
+    try:
+        # the module, not the function lmscore re-exports under the same name
+        tune = importlib.import_module("lmscore.tune")
+    except ImportError:
+        return {"V100": None}, {"pcie3": None}
+    return (dict(getattr(tune, "DEVICES", None) or {"V100": None}),
+            dict(getattr(tune, "LINKS", None) or {"pcie3": None}))

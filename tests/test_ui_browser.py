@@ -1,0 +1,351 @@
+"""The web app in a real browser: headless Chromium driven by Selenium.
+
+The app runs in a subprocess (``python -m lmsviz``) on a free port of 127.0.0.1 with its
+own data directory. The tests run in file order on one browser window: they load the mlp
+sample, read its peak, upload a graph, toggle a hotspot, run auto-tune, export, and check
+that bad uploads are refused, that a reload keeps the work and that another tab does not
+see it. Screenshots of the main states go to ``test-output/screenshots/``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import zipfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from lmscore import samples
+from lmsviz import figures
+
+pytestmark = pytest.mark.browser
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+SHOTS = REPO / "test-output" / "screenshots"
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+UPLOAD_CAP = "1MiB"  # resnet50.pb (1.7 MB) is then over it
+
+
+def _missing() -> str:
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not os.path.exists(path):
+            return f"{path} is missing (apt-get install chromium chromium-driver)"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install selenium)"
+    return ""
+
+
+if _missing():
+    pytest.skip(_missing(), allow_module_level=True)
+
+from selenium import webdriver  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    NoSuchElementException,
+    StaleElementReferenceException,
+)
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = _free_port()
+    data = tmp_path_factory.mktemp("lms-data")
+    log = open(data / "server.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lmsviz", "mlp", "--port", str(port), "--data-dir", str(data),
+         "--upload-cap", UPLOAD_CAP],
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            log.close()
+            pytest.fail(f"the app did not start: {(data / 'server.log').read_text()[-2000:]}")
+        time.sleep(0.3)
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def downloads(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    return tmp_path_factory.mktemp("downloads")
+
+
+@pytest.fixture(scope="module")
+def browser(server: str, downloads: pathlib.Path) -> Iterator[Any]:
+    profile = tempfile.mkdtemp(prefix="lms-chromium-")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                f"--user-data-dir={profile}", "--window-size=1500,1300",
+                "--enable-unsafe-swiftshader"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.execute_cdp_cmd("Browser.setDownloadBehavior",
+                           {"behavior": "allow", "downloadPath": str(downloads)})
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    driver.get(server)
+    yield driver
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def wait(driver: Any, what: Callable[[], Any], timeout: float = 30, msg: str = "") -> Any:
+    """Poll ``what()`` until it returns something truthy."""
+    return WebDriverWait(driver, timeout, poll_frequency=0.2,
+                         ignored_exceptions=(NoSuchElementException,
+                                             StaleElementReferenceException)).until(
+        lambda _d: what(), message=msg)
+
+
+def text(driver: Any, id_: str) -> str:
+    return driver.find_element(By.ID, id_).text
+
+
+def trace_len(driver: Any, k: int) -> int:
+    """Points of trace ``k`` of the studio figure as plotted in the page."""
+    return driver.execute_script(
+        "var gd = document.querySelector('#studio .js-plotly-plot');"
+        "var t = gd && gd._fullData && gd._fullData[arguments[0]];"  # decoded arrays
+        "if (!t) return -1; return t.y ? t.y.length : 0;", k)
+
+
+def shot(driver: Any, name: str) -> None:
+    driver.save_screenshot(str(SHOTS / name))
+
+
+def type_into(driver: Any, id_: str, value: str) -> None:
+    """Replace a field's text and press Enter (debounced inputs send on Enter)."""
+    field = driver.find_element(By.ID, id_)
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys(Keys.BACKSPACE, value, Keys.ENTER)
+    wait(driver, lambda: field.get_attribute("value") == value, msg=f"{id_} = {value}")
+
+
+def upload(driver: Any, upload_id: str, path: pathlib.Path) -> None:
+    driver.find_element(By.CSS_SELECTOR, f"#{upload_id} input[type=file]").send_keys(str(path))
+
+
+def message_with(driver: Any, *words: str, timeout: float = 30) -> str:
+    return wait(driver, lambda: (t := text(driver, "message")) and all(w in t for w in words)
+                and t, timeout, f"message with {words}: got {text(driver, 'message')!r}")
+
+
+def severe_logs(driver: Any) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser")
+            if e["level"] == "SEVERE" and "favicon" not in e["message"]]
+
+
+def test_loads_the_sample_and_shows_its_peak(browser: Any) -> None:
+    import lmscore
+    from lmscore.units import format_bytes
+
+    peak = wait(browser, lambda: "at level" in text(browser, "sum-before")
+                and text(browser, "sum-before"), msg="the peak is shown")
+    sim = lmscore.simulate(lmscore.load(samples.sample_dir() / "mlp.pb"), 32)
+    assert peak == f"{format_bytes(sim.peak_bytes)} at level {sim.peak_level}"
+    wait(browser, lambda: trace_len(browser, figures.T_BEFORE) == len(sim.device_curve),
+         msg="the device curve is drawn")
+    assert trace_len(browser, figures.T_AFTER) == 0
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#hotspots td")) > 0
+    shot(browser, "01-loaded-mlp.png")
+    assert not severe_logs(browser)
+
+
+def test_apply_knobs_draws_the_after_curve(browser: Any) -> None:
+    browser.find_element(By.ID, "knobs-apply").click()
+    message_with(browser, "knobs applied")
+    wait(browser, lambda: trace_len(browser, figures.T_AFTER) > 0, msg="after curve")
+    assert "%" in text(browser, "sum-after")
+    browser.find_element(By.ID, "plan-reset").click()
+    message_with(browser, "plan reset")
+    wait(browser, lambda: trace_len(browser, figures.T_AFTER) == 0, msg="after curve gone")
+
+
+def test_upload_a_graph_and_toggle_a_hotspot(browser: Any) -> None:
+    upload(browser, "graph-upload", samples.sample_dir() / "lstm.pb")
+    message_with(browser, "loaded lstm.pb")
+    wait(browser, lambda: "lstm.pb" in text(browser, "sum-graph"), msg="lstm shown")
+    assert text(browser, "sum-after") == "no plan"
+    before = trace_len(browser, figures.T_AFTER)
+    # toggle the first hotspot whose swap the plan accepts
+    for k in range(20):
+        cells = [c for c in browser.find_elements(
+            By.CSS_SELECTOR, '#hotspots td[data-dash-column="swap"]') if "☐" in c.text]
+        if k >= len(cells):
+            break
+        before_msg = text(browser, "message")
+        cells[k].click()
+        wait(browser, lambda old=before_msg: text(browser, "message") != old,
+             msg="the toggle answers")
+        if "swapped;" in text(browser, "message"):
+            break
+    assert "swapped;" in text(browser, "message"), text(browser, "message")
+    wait(browser, lambda: trace_len(browser, figures.T_AFTER) > before, msg="after curve")
+    wait(browser, lambda: text(browser, "sum-after") != "no plan", msg="peak after")
+    assert "1 tensors" in text(browser, "sum-swapped")
+    wait(browser, lambda: any("☑" in c.text for c in browser.find_elements(
+        By.CSS_SELECTOR, '#hotspots td[data-dash-column="swap"]')), msg="the row is ticked")
+    shot(browser, "02-hotspot-toggled.png")
+
+
+POINT_XY = """
+var gd = document.querySelector('#studio .js-plotly-plot');
+var L = gd._fullLayout, t = gd._fullData[arguments[0]], k = arguments[1];
+var r = gd.getBoundingClientRect();
+return [L.xaxis2._offset + L.xaxis2.d2p(t.x[k]) - r.width / 2,
+        L.yaxis2._offset + L.yaxis2.d2p(t.y[k]) - r.height / 2];
+"""
+
+
+def test_click_a_level_on_the_curve_selects_it(browser: Any) -> None:
+    browser.execute_script("window.scrollTo(0, 0)")
+    dx, dy = browser.execute_script(POINT_XY, figures.T_BEFORE, 10)
+    plot = browser.find_element(By.CSS_SELECTOR, "#studio .js-plotly-plot")
+    ActionChains(browser).move_to_element_with_offset(plot, int(dx), int(dy)).pause(0.3) \
+        .click().perform()
+    wait(browser, lambda: "level 10 (selected level)" in text(browser, "hotspot-caption"),
+         msg="level 10 selected")
+    wait(browser, lambda: browser.execute_script(
+        "var gd = document.querySelector('#studio .js-plotly-plot');"
+        "return (gd.layout.shapes || []).some(s => s.x0 === 10);"), msg="level line drawn")
+
+
+def test_click_a_tensor_draws_its_lifetime(browser: Any) -> None:
+    browser.find_elements(By.CSS_SELECTOR, '#hotspots td[data-dash-column="tensor"]')[0].click()
+    shapes = wait(browser, lambda: browser.execute_script(
+        "var gd = document.querySelector('#studio .js-plotly-plot');"
+        "var s = gd._fullLayout.shapes || [];"
+        "return s.some(x => x.xref === 'x2' && x.type === 'rect') ? s.map(x => x.type) : null;"),
+        msg="lifetime drawn")
+    assert "circle" in shapes and shapes.count("rect") >= 2  # producer, consumer, lifetime
+    shot(browser, "03-tensor-lifetime.png")
+
+
+def test_an_invalid_edit_is_refused_visibly(browser: Any) -> None:
+    browser.find_element(By.ID, "edit-trigger").click()  # no op selected yet
+    t = message_with(browser, "click an op")
+    assert "error" in browser.find_element(By.ID, "message").get_attribute("class"), t
+
+
+def test_auto_tune(browser: Any) -> None:
+    from lmsviz import callbacks
+
+    browser.find_element(By.ID, "tune-run").click()
+    t = message_with(browser, "auto-tune", timeout=90)
+    if callbacks.tuner_module() is None:
+        assert "tuner unavailable" in t
+        return
+    wait(browser, lambda: "(tuner)" in text(browser, "sum-overhead"), msg="tuner prediction")
+    assert browser.find_element(By.ID, "tune-run").is_enabled()
+    shot(browser, "04-auto-tuned.png")
+    # put a hand-made plan back for the export test
+    type_into(browser, "knob-threshold", "2")
+    browser.find_element(By.ID, "knobs-apply").click()
+    message_with(browser, "knobs applied")
+
+
+def _download(folder: pathlib.Path, suffix: str, timeout: float = 30) -> pathlib.Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = [p for p in folder.iterdir() if p.name.endswith(suffix)]
+        if done and not any(p.name.endswith(".crdownload") for p in folder.iterdir()):
+            return done[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no {suffix} download in {sorted(folder.iterdir())}")
+
+
+def test_export_matches_the_cli(browser: Any, downloads: pathlib.Path, tmp_path: pathlib.Path
+                                ) -> None:
+    browser.find_element(By.ID, "plan-save").click()
+    plan = _download(downloads, ".plan.json")
+    browser.find_element(By.ID, "export").click()
+    bundle = _download(downloads, ".lms.zip")
+    message_with(browser, "exported")
+    with zipfile.ZipFile(io.BytesIO(bundle.read_bytes())) as zf:
+        pb = zf.read("lstm.lms.pb")
+    out = tmp_path / "cli.pb"
+    proc = subprocess.run(
+        [sys.executable, "-m", "lmscore.cli", "rewrite", str(samples.sample_dir() / "lstm.pb"),
+         "--plan", str(plan), "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() == pb
+
+
+def test_bad_uploads_are_refused_and_the_app_keeps_working(browser: Any, tmp_path: pathlib.Path
+                                                           ) -> None:
+    garbage = tmp_path / "garbage.pb"
+    garbage.write_bytes(bytes(range(256)) * 40)
+    upload(browser, "graph-upload", garbage)
+    message_with(browser, "upload refused", "garbage.pb")
+    shot(browser, "05-bad-upload.png")
+    upload(browser, "graph-upload", samples.sample_dir() / "resnet50.pb")
+    message_with(browser, "resnet50.pb", "over the upload limit")
+    bad_plan = tmp_path / "plan.json"
+    bad_plan.write_text('{"version": 1, "graph": "0000000000000000", "swaps": []}')
+    upload(browser, "plan-upload", bad_plan)
+    message_with(browser, "plan refused", "another graph")
+    # still working: a new batch size re-simulates
+    type_into(browser, "batch", "8")
+    wait(browser, lambda: "batch 8" in text(browser, "sum-graph"), msg="batch 8 applied")
+    assert "lstm.pb" in text(browser, "sum-graph")
+
+
+def test_a_reload_keeps_the_work_and_another_tab_does_not_see_it(browser: Any, server: str
+                                                                 ) -> None:
+    swapped = text(browser, "sum-swapped")
+    browser.refresh()
+    wait(browser, lambda: "lstm.pb" in text(browser, "sum-graph")
+         and "batch 8" in text(browser, "sum-graph"), msg="graph restored after reload")
+    wait(browser, lambda: text(browser, "sum-swapped") == swapped, msg="plan restored")
+    wait(browser, lambda: browser.find_element(By.ID, "batch").get_attribute("value") == "8",
+         msg="form restored")
+    first = browser.current_window_handle
+    browser.switch_to.new_window("tab")
+    browser.get(server)
+    wait(browser, lambda: "mlp.pb" in text(browser, "sum-graph"), msg="a new tab starts fresh")
+    assert text(browser, "sum-after") == "no plan"
+    shot(browser, "06-second-tab.png")
+    browser.close()
+    browser.switch_to.window(first)
+    assert "lstm.pb" in text(browser, "sum-graph")
+    assert not severe_logs(browser)

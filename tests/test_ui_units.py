@@ -1,0 +1,569 @@
+"""The web app's callbacks, figures and server state as plain functions (no browser)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import pathlib
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from lmscore import samples
+from lmscore.plan import fingerprint, plan_from_json
+from lmsviz import app as lms_app
+from lmsviz import callbacks as cb
+from lmsviz import figures, state
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+MIB = 2**20
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory: pytest.TempPathFactory) -> state.AppContext:
+    return state.new_context("mlp", None, upload_cap_bytes=8 * MIB,
+                             data_dir=tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture()
+def fresh(tmp_path: pathlib.Path) -> state.AppContext:
+    """A context with its own data directory (plans saved by one test stay there)."""
+    return state.new_context("mlp", None, upload_cap_bytes=8 * MIB, data_dir=tmp_path)
+
+
+def session(c: state.AppContext) -> dict:
+    return state.new_session(c)
+
+
+def gate(name: str, data: bytes) -> dict:
+    return {"filename": name, "size": len(data),
+            "contents": "data:application/octet-stream;base64," + base64.b64encode(data).decode()}
+
+
+def swappable_tensor(c: state.AppContext, s: dict) -> str:
+    """A hotspot row that a hand toggle can swap (searching a few levels)."""
+    loaded = c.resolve(s["graph"])
+    base = cb.base_of(c, loaded, s["settings"]["batch"])
+    plan = cb.plan_of(c, loaded, None)
+    for level in range(len(base.sim.device_curve)):
+        for row in cb.hotspot_rows(loaded, base, plan, level):
+            if row["swap"] == cb.SWAP_OFF:
+                up = cb.toggle_swap(c, s["graph"], s["settings"], s["plan"], s["view"],
+                                    row["tensor"])
+                if not up.error:
+                    return row["tensor"]
+    raise AssertionError("no tensor of the sample can be swapped by hand")
+
+
+# --- figures ----------------------------------------------------------------------------
+
+
+def test_op_positions_spread_ops_of_one_level_within_their_lane():
+    x, y = figures.op_positions([0, 0, 0, 1], ["forward", "forward", "forward", "backward"])
+    assert x.tolist() == [0, 0, 0, 1]
+    assert y[0] < y[1] < y[2]
+    assert abs(y[1] - 2) < 1e-9 and y[3] == 3.0
+    assert all(1.6 <= v <= 2.4 for v in y[:3])
+
+
+def _ops(n: int, levels: int) -> figures.OpTable:
+    cats = [figures.CATEGORIES[i % 5] for i in range(n)]
+    return figures.OpTable(
+        names=[f"op{i}" for i in range(n)], types=["Relu"] * n,
+        levels=[i % levels for i in range(n)], categories=cats, shapes=["[2,2] float"] * n,
+        nbytes=[16 * (i + 1) for i in range(n)],
+    )
+
+
+def test_ordering_draws_every_op_below_the_threshold():
+    ops = _ops(200, 40)
+    traces, note = figures.ordering_traces(ops, figures.op_positions(ops.levels, ops.categories),
+                                           max_points=1000)
+    assert note == ""
+    assert sum(len(t.x) for t in traces) == 200
+    assert sorted(int(i) for t in traces for i in t.customdata) == list(range(200))
+    assert "op7" in traces[2].text[1] and "level 7" in traces[2].text[1]
+
+
+def test_ordering_aggregates_above_the_threshold_and_says_so():
+    ops = _ops(5000, 1000)
+    traces, note = figures.ordering_traces(ops, figures.op_positions(ops.levels, ops.categories),
+                                           max_points=600)
+    shown = sum(len(t.x) for t in traces)
+    assert 0 < shown <= 600
+    assert "5,000 ops" in note and "aggregated" in note
+    assert all(int(c) == -1 for t in traces for c in t.customdata)
+    # every op is counted once
+    counts = [int(txt.split("<br>")[1].split()[0]) for t in traces for txt in t.text]
+    assert sum(counts) == 5000
+
+
+def test_overlay_draws_swap_ops_and_rewired_edges():
+    pos = (np.array([0, 1, 5, 6, 8]), np.array([2.0, 2.0, 3.0, 3.0, 3.0]))
+    draw = figures.SwapDraw("a:0", 0, (((3, 4), 2), ((4,), None)))
+    edges, triggers, swap_ops = figures.overlay_traces([draw], pos)
+    assert len(swap_ops.x) == 3  # one swap-out, two swap-ins
+    assert list(swap_ops.x) == [0.0, 5.0, 1.0]  # the synchronous one sits after the producer
+    # producer->out, out->in0, in0->c3, in0->c4, out->in1, in1->c4: 6 segments of 3 points
+    assert len(edges.x) == 18
+    assert len(triggers.x) == 3
+
+
+def test_memory_range_leaves_a_far_budget_off_scale():
+    near = figures.Curves(before=[0, 100 * MIB], budget=120 * MIB)
+    far = figures.Curves(before=[0, 100 * MIB], budget=2**40)
+    assert figures.memory_range(near)[1] >= 120
+    assert figures.memory_range(far)[1] == pytest.approx(112.0)
+    names = [t.name for t in figures.memory_traces(far)]
+    assert any("above the chart" in (n or "") for n in names)
+
+
+def test_studio_figure_has_its_traces_at_fixed_positions():
+    ops = _ops(30, 10)
+    pos = figures.op_positions(ops.levels, ops.categories)
+    curves = figures.Curves(before=[1, 2, 3] * 3 + [0], after=[1] * 10, host=[0] * 10,
+                            peak_before=(2, 3), peak_after=(0, 1), budget=10)
+    hl = figures.Highlight(producer=0, consumers=(1, 2), op=3, level=4, lifetime=(1, 4, 99),
+                           tensor="op0:0")
+    fig, note = figures.studio_figure(ops, pos, curves, [], hl, uirevision="k")
+    assert len(fig.data) == figures.N_TRACES and note == ""
+    assert fig.data[figures.T_BEFORE].name == "device, before"
+    assert fig.data[figures.T_AFTER].name == "device, after"
+    shapes = fig.layout.shapes
+    assert shapes[0].type == "line" and shapes[0].x0 == 4  # the level
+    assert [sh.type for sh in shapes[1:5]] == ["circle", "rect", "rect", "circle"]
+    assert shapes[1].xanchor == pos[0][0] and shapes[1].xsizemode == "pixel"
+    band = shapes[5]
+    assert (band.xref, band.x0, band.x1, band.y1) == ("x2", 1, 4, 99 / MIB)
+    assert fig.data[figures.T_BEFORE].yaxis == "y2" and fig.data[0].yaxis == "y"
+
+
+# --- server state -----------------------------------------------------------------------
+
+
+def test_bounded_cache_evicts_the_least_recently_used():
+    c = state.BoundedCache(2)
+    c.put("a", 1)
+    c.put("b", 2)
+    assert c.get("a") == 1  # a is now the most recent
+    c.put("c", 3)
+    assert c.get("b") is None and c.get("a") == 1 and c.get("c") == 3
+    assert c.get_or_compute("d", lambda: 4) == 4 and len(c) == 2
+
+
+def test_new_context_loads_a_sample_with_its_batch_size(ctx):
+    assert ctx.initial.origin == "sample:mlp" and ctx.initial_batch == 32
+    s = session(ctx)
+    assert s["graph"]["ops"] == 307 and s["settings"]["batch"] == 32
+    assert s["plan"]["json"] is None and s["view"] == state.empty_view()
+
+
+def test_new_context_refuses_a_missing_file(tmp_path):
+    from lmscore.errors import GraphError
+
+    with pytest.raises(GraphError, match="no such file"):
+        state.new_context(str(tmp_path / "nope.pb"), None, upload_cap_bytes=MIB,
+                          data_dir=tmp_path)
+
+
+@pytest.mark.parametrize("name, data, why", [
+    ("garbage.pb", b"\x07\xff\x00not a graph at all" * 20, "not a GraphDef"),
+    ("notes.txt", b"hello world", "not a GraphDef"),
+    ("picture.png", b"\x89PNG\r\n", "not a graph file"),
+    ("empty.pb", b"", "empty"),
+    ("big.pb", b"\0" * (8 * MIB + 1), "over the upload limit"),
+    ("model.zip", b"PK\x03\x04broken", "unreadable zip"),
+])
+def test_bad_uploads_are_refused_with_a_clear_message(ctx, name, data, why):
+    up = cb.upload_graph(ctx, gate(name, data), session(ctx)["settings"])
+    assert up.error and why in up.message and up.graph is None
+    assert name in up.message
+
+
+def test_an_upload_refused_by_the_browser_gate_never_reaches_the_parser(ctx):
+    up = cb.upload_graph(ctx, {"filename": "huge.pb", "size": 9 * MIB, "refused": True},
+                         session(ctx)["settings"])
+    assert up.error and "over the upload limit of 8.00 MiB" in up.message
+
+
+def test_a_zip_bomb_is_refused_before_unpacking(tmp_path):
+    c = state.new_context("mlp", None, upload_cap_bytes=64 * 1024, data_dir=tmp_path)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("m/saved_model.pb", b"\0" * (2 * MIB))
+    up = cb.upload_graph(c, gate("m.zip", buf.getvalue()), session(c)["settings"])
+    assert up.error and "unpacks to" in up.message
+
+
+def test_an_uploaded_graph_is_kept_and_found_again_after_a_restart(tmp_path):
+    c = state.new_context("mlp", None, upload_cap_bytes=8 * MIB, data_dir=tmp_path)
+    data = (samples.sample_dir() / "lstm.pb").read_bytes()
+    s = session(c)
+    up = cb.upload_graph(c, gate("my_step.pb", data), s["settings"])
+    assert not up.error and up.graph["origin"] == "upload" and up.graph["name"] == "my_step.pb"
+    assert up.settings["batch"] == 32  # an upload keeps the session's batch size
+    assert list((tmp_path / "uploads").iterdir())
+    restarted = state.new_context("mlp", None, upload_cap_bytes=8 * MIB, data_dir=tmp_path)
+    loaded = restarted.resolve(up.graph)
+    assert len(loaded.graph.ops) == 395
+    options, value = cb.picker(up.graph)
+    assert value.startswith("upload:") and options[0]["label"].startswith("my_step.pb")
+
+
+def test_a_text_graphdef_upload_is_read(ctx):
+    from google.protobuf import text_format
+    from tensorboard.compat.proto import graph_pb2
+
+    gd = graph_pb2.GraphDef()
+    gd.ParseFromString((samples.sample_dir() / "mlp.pb").read_bytes())
+    up = cb.upload_graph(ctx, gate("step.pbtxt", text_format.MessageToString(gd).encode()),
+                         session(ctx)["settings"])
+    assert not up.error and up.graph["ops"] == 307
+
+
+def test_a_forged_graph_reference_is_not_read_from_disk(ctx):
+    from lmscore.errors import GraphError
+
+    for ref in ({"key": "x", "origin": "file", "name": "/etc/passwd"},
+                {"key": "../../etc/passwd", "origin": "upload", "name": "p"},
+                {"key": "x", "origin": "sample:nonexistent", "name": "p"}):
+        with pytest.raises(GraphError):
+            ctx.resolve(ref)
+
+
+# --- actions ----------------------------------------------------------------------------
+
+
+def test_choose_a_sample_takes_its_batch_size(ctx):
+    s = session(ctx)
+    up = cb.choose_graph(ctx, "sample:lstm", s["graph"], s["settings"])
+    assert up.graph["name"] == "lstm.pb" and up.settings["batch"] == 16 and up.controls
+    assert up.view == state.empty_view() and "395 ops" in up.message
+
+
+def test_batch_and_budget_are_validated(ctx):
+    settings = session(ctx)["settings"]
+    assert cb.set_batch(settings, 64).settings["batch"] == 64
+    for bad in (0, -3, "x", 2.5, None):
+        up = cb.set_batch(settings, bad)
+        assert up.error and up.settings is None and up.controls
+    assert cb.set_budget(settings, "8GiB").settings["budget"] == "8GiB"
+    up = cb.set_budget(settings, "lots")
+    assert up.error and "not a size" in up.message
+
+
+def test_a_device_preset_brings_its_memory_as_the_budget(ctx):
+    settings = session(ctx)["settings"]
+    devices, links = state.presets()
+    other = next(d for d in devices if d != settings["device"])
+    up = cb.set_presets(settings, other, settings["link"])
+    assert up.settings["device"] == other
+    memory = getattr(devices[other], "memory_bytes", None)
+    if memory:
+        from lmscore.units import parse_bytes
+
+        assert parse_bytes(up.settings["budget"]) == memory
+    assert cb.set_presets(settings, "no-such-device", settings["link"]).settings is None
+
+
+def test_apply_knobs_makes_a_plan_and_saves_it(fresh):
+    s = session(fresh)
+    knobs = {"threshold": 5, "ahead": 1, "groupby": 5, "sync_mode": 0}
+    up = cb.apply_knobs(fresh, s["graph"], s["settings"], knobs)
+    assert not up.error and up.plan["source"] == "knobs" and up.plan["swaps"] > 0
+    plan = plan_from_json(up.plan["json"])
+    assert plan.params["threshold"] == 5
+    saved = fresh.data_dir / "plans" / f"{s['graph']['fingerprint']}.json"
+    assert saved.read_text() == up.plan["json"]
+    # a restarted server gives a new tab the saved plan
+    restarted = state.new_context("mlp", None, upload_cap_bytes=MIB, data_dir=fresh.data_dir)
+    assert session(restarted)["plan"]["json"] == up.plan["json"]
+    bad = cb.apply_knobs(fresh, s["graph"], s["settings"], {**knobs, "threshold": 0})
+    assert bad.error and "threshold" in bad.message and bad.plan is None
+    assert cb.apply_knobs(fresh, s["graph"], s["settings"], {**knobs, "ahead": "x"}).error
+
+
+def test_toggle_adds_then_removes_a_swap_and_refuses_what_cannot_be_swapped(fresh):
+    c = state.new_context("lstm", None, upload_cap_bytes=MIB, data_dir=fresh.data_dir)
+    s = session(c)
+    tensor = swappable_tensor(c, s)
+    up = cb.toggle_swap(c, s["graph"], s["settings"], s["plan"], s["view"], tensor)
+    assert not up.error and tensor in plan_from_json(up.plan["json"]).swapped()
+    assert up.view["tensor"] == tensor
+    r = cb.render(c, {**s, "plan": up.plan}, full=True)
+    assert r.figure.data[figures.T_AFTER].y is not None and len(r.figure.data[figures.T_AFTER].y)
+    down = cb.toggle_swap(c, s["graph"], s["settings"], up.plan, s["view"], tensor)
+    assert not down.error and plan_from_json(down.plan["json"]).swaps == ()
+    loaded = c.resolve(s["graph"])
+    base = cb.base_of(c, loaded, s["settings"]["batch"])
+    rows = cb.hotspot_rows(loaded, base, cb.plan_of(c, loaded, None), base.sim.peak_level)
+    stuck = next(r for r in rows if r["swap"] == cb.SWAP_NO)
+    no = cb.toggle_swap(c, s["graph"], s["settings"], s["plan"], s["view"], stuck["tensor"])
+    assert no.error and "cannot be swapped" in no.message and no.plan is None
+
+
+def test_trigger_and_regroup_edits(fresh):
+    s = session(fresh)
+    up = cb.apply_knobs(fresh, s["graph"], s["settings"],
+                        {"threshold": 2, "ahead": 1, "groupby": 0, "sync_mode": 0})
+    plan = plan_from_json(up.plan["json"])
+    swap = max(plan.swaps, key=lambda w: sum(len(g.consumers) for g in w.swap_ins))
+    sync = cb.set_trigger(fresh, s["graph"], up.plan, swap.tensor, 0, None)
+    assert not sync.error and "synchronous" in sync.message
+    moved = plan_from_json(sync.plan["json"]).swaps[plan.swaps.index(swap)]
+    assert moved.swap_ins[0].trigger is None
+    one = cb.regroup_swap(fresh, s["graph"], up.plan, swap.tensor, None)
+    assert not one.error and "1 swap-in group" in one.message
+    loaded = fresh.resolve(s["graph"])
+    producer = loaded.graph.index[swap.tensor.split(":")[0]]
+    bad = cb.set_trigger(fresh, s["graph"], up.plan, swap.tensor, 0, producer)
+    assert bad.error and "edit refused" in bad.message and bad.plan is None
+    assert cb.set_trigger(fresh, s["graph"], up.plan, None, 0, None).error
+    assert cb.regroup_swap(fresh, s["graph"], up.plan, swap.tensor, -1).error
+    assert cb.regroup_swap(fresh, s["graph"], up.plan, "nope:0", 3).error
+
+
+def test_plan_file_load_is_checked_and_reset_empties_the_plan(fresh):
+    s = session(fresh)
+    up = cb.apply_knobs(fresh, s["graph"], s["settings"],
+                        {"threshold": 5, "ahead": 1, "groupby": 5, "sync_mode": 0})
+    good = cb.load_plan_file(fresh, s["graph"], gate("p.json", up.plan["json"].encode()))
+    assert not good.error and good.plan["source"] == "file"
+    for name, data, why in (
+        ("p.json", b"{not json", "not JSON"),
+        ("p.json", b"\xff\xfe", "binary"),
+        ("p.json", json.dumps({"version": 1, "graph": "0" * 16, "swaps": []}).encode(),
+         "another graph"),
+    ):
+        bad = cb.load_plan_file(fresh, s["graph"], gate(name, data))
+        assert bad.error and why in bad.message and bad.plan is None
+    reset = cb.reset_plan(fresh, s["graph"])
+    assert plan_from_json(reset.plan["json"]).swaps == () and reset.plan["source"] == "none"
+
+
+def test_select_and_click(ctx):
+    s = session(ctx)
+    view = s["view"]
+    assert cb.select_level(view, 7.4, 38).view["level"] == 7
+    assert cb.select_level(view, 999, 38).view["level"] == 37
+    assert cb.select_tensor(view, "a:0").view["tensor"] == "a:0"
+    click = {"points": [{"curveNumber": 2, "x": 5, "customdata": 12}]}
+    assert cb.click_figure(view, click, s["graph"]).view == {"level": 5, "tensor": None, "op": 12}
+    click = {"points": [{"curveNumber": figures.T_SWAP_OPS, "x": 3, "customdata": "t:0"}]}
+    assert cb.click_figure(view, click, s["graph"]).view["tensor"] == "t:0"
+    click = {"points": [{"curveNumber": figures.T_BEFORE, "x": 9}]}
+    assert cb.click_figure(view, click, s["graph"]).view == {"level": 9, "tensor": None,
+                                                             "op": None}
+
+
+@dataclass(frozen=True)
+class FakeResult:
+    plan: object
+    fits: bool = True
+    budget_bytes: int = 100
+    predicted_peak_bytes: int = 90
+    predicted_overhead: float = 0.125
+    swapped_tensors: int = 3
+    swap_bytes: int = 1000
+    message: str = "fits with 3 swaps"
+
+
+class FakeTuner:
+    def __init__(self, ctx: state.AppContext):
+        self.ctx = ctx
+        self.calls: list = []
+
+    def tune(self, graph, batch_size, budget_bytes, *, device, link, progress, **kw):
+        from lmscore.plan import plan_from_params
+
+        self.calls.append((batch_size, budget_bytes, device, link))
+        for k in range(5):
+            progress(k / 4, f"step {k}")
+        return FakeResult(plan_from_params(graph, batch_size))
+
+
+def test_run_tune_reports_progress_and_its_plan_is_accepted(fresh):
+    s = session(fresh)
+    seen: list = []
+    tuner = FakeTuner(fresh)
+    result = cb.run_tune(fresh, s["graph"], s["settings"], lambda f, m: seen.append((f, m)),
+                         tuner=tuner)
+    assert tuner.calls[0][0] == 32 and tuner.calls[0][1] == 16 * 2**30
+    assert seen and seen[-1][0] == 1.0
+    up = cb.accept_tune(fresh, s["graph"], s["settings"], result)
+    assert not up.error and up.plan["source"] == "tuner" and "fits" in up.message
+    r = cb.render(fresh, {**s, "plan": up.plan})
+    text = " ".join(str(item.children[1].children) for item in r.summary)
+    assert "12.5% of step time (tuner)" in text
+    # an edit after tuning makes the prediction stale
+    tensor = plan_from_json(up.plan["json"]).swaps[0].tensor
+    edited = cb.toggle_swap(fresh, s["graph"], s["settings"], up.plan, s["view"], tensor)
+    r = cb.render(fresh, {**s, "plan": {**edited.plan, "tune": up.plan["tune"],
+                                        "source": "tuner"}})
+    text = " ".join(str(item.children[1].children) for item in r.summary)
+    assert "edited since auto-tune" in text
+
+
+def test_tune_results_for_another_graph_or_errors_are_refused(ctx):
+    s = session(ctx)
+    assert cb.accept_tune(ctx, s["graph"], s["settings"], {"error": "boom"}).error
+    stale = {"key": "other", "batch": 32, "plan": "{}"}
+    assert "another graph" in cb.accept_tune(ctx, s["graph"], s["settings"], stale).message
+    assert cb.accept_tune(ctx, s["graph"], s["settings"], None).plan is None
+
+
+def test_run_tune_without_a_tuner_or_budget(ctx, monkeypatch):
+    s = session(ctx)
+    monkeypatch.setattr(cb, "tuner_module", lambda: None)
+    assert "tuner unavailable" in cb.run_tune(ctx, s["graph"], s["settings"], print)["error"]
+    bad = {**s["settings"], "budget": "much"}
+    out = cb.run_tune(ctx, s["graph"], bad, print, tuner=FakeTuner(ctx))
+    assert "not a size" in out["error"]
+
+
+def test_the_real_tuner_runs_on_mlp(ctx):
+    if cb.tuner_module() is None:
+        pytest.skip("lmscore.tune is not installed")
+    s = session(ctx)
+    seen: list = []
+    result = cb.run_tune(ctx, s["graph"], s["settings"], lambda f, m: seen.append(f))
+    assert "error" not in result, result
+    assert cb.accept_tune(ctx, s["graph"], s["settings"], result).plan["source"] == "tuner"
+
+
+# --- rendering --------------------------------------------------------------------------
+
+
+def test_render_full_then_patch(fresh):
+    s = session(fresh)
+    r = cb.render(fresh, s, full=True)
+    assert len(r.figure.data) == figures.N_TRACES and r.note == ""
+    assert r.rendered["batch"] == 32 and r.rows and r.caption.startswith("Tensors live at")
+    assert r.rows == sorted(r.rows, key=lambda row: -row["mib"])
+    up = cb.apply_knobs(fresh, s["graph"], s["settings"],
+                        {"threshold": 5, "ahead": 1, "groupby": 5, "sync_mode": 0})
+    p = cb.render(fresh, {**s, "plan": up.plan, "view": {"level": 3, "tensor": None,
+                                                         "op": None}}, full=False)
+    ops = p.figure.to_plotly_json()["operations"]
+    touched = {tuple(o["location"][:2]) for o in ops}
+    assert ("data", figures.T_AFTER) in touched and ("data", 0) not in touched
+    assert "level 3 (selected level)" in p.caption
+    view_only = cb.render(fresh, {**s, "plan": up.plan, "view": {"level": 4, "tensor": None,
+                                                                 "op": None}},
+                          full=False, data=False)
+    ops = view_only.figure.to_plotly_json()["operations"]
+    assert [o["location"] for o in ops] == [["layout", "shapes"]]
+
+
+def test_render_ignores_a_plan_for_another_graph(ctx):
+    s = session(ctx)
+    other = {"json": json.dumps({"version": 1, "graph": "f" * 16, "swaps": []}),
+             "source": "file"}
+    r = cb.render(ctx, {**s, "plan": other})
+    assert r.message and "does not fit this graph" in r.message
+
+
+def test_large_graphs_are_aggregated_on_screen(tmp_path):
+    c = state.new_context("bert", None, upload_cap_bytes=MIB, data_dir=tmp_path)
+    c.max_points = 2000
+    r = cb.render(c, session(c))
+    assert "aggregated points" in r.note
+    assert sum(len(t.x) for t in r.figure.data[:5]) <= 2000
+
+
+def test_tabs_with_different_graphs_do_not_share_state(fresh):
+    a = session(fresh)
+    b_up = cb.choose_graph(fresh, "sample:lstm", a["graph"], a["settings"])
+    b = {"graph": b_up.graph, "settings": b_up.settings, "plan": b_up.plan, "view": b_up.view}
+    knobs = {"threshold": 5, "ahead": 1, "groupby": 5, "sync_mode": 0}
+    a_plan = cb.apply_knobs(fresh, a["graph"], a["settings"], knobs).plan
+    ra = cb.render(fresh, {**a, "plan": a_plan})
+    rb = cb.render(fresh, b)
+    assert "mlp.pb" in str(ra.summary[0].children[1].children)
+    assert "lstm.pb" in str(rb.summary[0].children[1].children)
+    assert rb.figure.data[figures.T_AFTER].y is None or len(rb.figure.data[figures.T_AFTER].y) == 0
+
+
+# --- downloads --------------------------------------------------------------------------
+
+
+def test_export_is_byte_identical_to_the_cli(fresh, tmp_path):
+    s = session(fresh)
+    up = cb.apply_knobs(fresh, s["graph"], s["settings"],
+                        {"threshold": 3, "ahead": 1, "groupby": 5, "sync_mode": 0})
+    name, data = cb.export_bundle(fresh, s["graph"], up.plan)
+    assert name == "mlp.lms.zip"
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        assert sorted(zf.namelist()) == ["mlp.lms.pb", "mlp.plan.json"]
+        pb = zf.read("mlp.lms.pb")
+        exported_plan = zf.read("mlp.plan.json").decode()
+    plan_name, plan_text = cb.plan_download(fresh, s["graph"], up.plan)
+    assert plan_name == "mlp.plan.json"
+    plan_file = tmp_path / plan_name
+    plan_file.write_text(plan_text)
+    out = tmp_path / "cli.pb"
+    plan_out = tmp_path / "cli.plan.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "lmscore.cli", "rewrite", str(samples.sample_dir() / "mlp.pb"),
+         "--plan", str(plan_file), "--out", str(out), "--plan-out", str(plan_out)],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() == pb
+    assert plan_out.read_text() == exported_plan
+    assert plan_from_json(exported_plan).graph == fingerprint(fresh.initial.graph)
+
+
+def test_export_with_device_strings_and_an_empty_plan(ctx):
+    s = session(ctx)
+    name, data = cb.export_bundle(ctx, s["graph"], s["plan"], "/device:GPU:1", "/CPU:0")
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        assert plan_from_json(zf.read("mlp.plan.json").decode()).swaps == ()
+    from lmscore.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        cb.export_bundle(ctx, s["graph"], s["plan"], "not a device", "/CPU:0")
+
+
+# --- dispatch and the app ---------------------------------------------------------------
+
+
+def test_control_dispatches_and_outputs_match_the_callback(ctx):
+    s = session(ctx)
+    up = cb.control(ctx, "batch", {"batch": 8}, s)
+    assert up.settings["batch"] == 8
+    out = cb._outputs(up, s)
+    assert len(out) == 4 + 2 + 2 + len(cb._CONTROLS) + 2
+    assert cb.control(ctx, "hotspots", {"hotspots": {"row_id": "x:0", "column_id": "tensor"}},
+                      s).view["tensor"] == "x:0"
+    assert cb.control(ctx, "edit-trigger", {}, s).error
+    assert cb.control(ctx, "st-graph", {}, s).controls
+    assert cb.control(ctx, None, {}, s) == cb.Update()
+
+
+def test_create_app_and_run_defaults(tmp_path, monkeypatch):
+    dash_app = lms_app.create_app("mlp", 4, upload_cap_bytes=MIB, data_dir=tmp_path)
+    assert dash_app.server.config["MAX_CONTENT_LENGTH"] > MIB
+    page = dash_app.layout()
+    assert page is not None
+    assert lms_app.assets_dir().joinpath("style.css").exists()
+    calls = {}
+
+    def fake_run(self, **kw):
+        calls.update(kw)
+
+    monkeypatch.setattr(type(dash_app), "run", fake_run)
+    lms_app.run(initial_graph="mlp", data_dir=tmp_path)
+    assert calls["host"] == "127.0.0.1" and calls["debug"] is False and calls["port"] == 8050
+
+
+def test_without_background_job_packages_the_tuner_runs_inline(tmp_path, monkeypatch):
+    monkeypatch.setattr(lms_app, "_background_manager", lambda jobs_dir: None)
+    dash_app = lms_app.create_app("mlp", upload_cap_bytes=MIB, data_dir=tmp_path)
+    assert dash_app._background_manager is None
+    assert any("st-tune.data" in k for k in dash_app.callback_map)
