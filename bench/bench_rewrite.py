@@ -10,36 +10,23 @@ CPU) one after the other in one process, alternating, so both see the same machi
 from __future__ import annotations
 
 import argparse
-import gc
 import pathlib
 import statistics
-import subprocess
 import sys
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from common import densenet, median_time  # noqa: E402
 
 import lmscore  # noqa: E402
 from lmscore.plan import plan_from_params  # noqa: E402
 from lmscore.rewrite import rewrite  # noqa: E402
 
 
-def timed(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        gc.collect()
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), out
-
-
 def bench_rewrite_time(repeats: int) -> None:
-    dense = ROOT / "bench" / "out" / "densenet121.pb"
-    if not dense.exists():
-        subprocess.run([sys.executable, str(ROOT / "sample_graphs" / "generate.py"),
-                        "--densenet-27k", str(dense)], check=True)
+    dense = densenet()
     print("[1] plan + rewrite time (threshold 40, ahead 3, groupby 5)")
     print(f"  {'graph':14s} {'ops':>7s} {'batch':>5s} {'swaps':>6s} {'plan s':>8s} "
           f"{'rewrite s':>9s} {'total s':>8s}")
@@ -47,9 +34,9 @@ def bench_rewrite_time(repeats: int) -> None:
                               ("densenet121", dense, 32)):
         g = lmscore.load(path)
         lmscore.order(g)
-        t_plan, plan = timed(lambda g=g, b=batch: plan_from_params(
+        t_plan, plan = median_time(lambda g=g, b=batch: plan_from_params(
             g, b, threshold=40, ahead=3, groupby=5), repeats)
-        t_rw, _ = timed(lambda g=g, p=plan: rewrite(g, p), repeats)
+        t_rw, _ = median_time(lambda g=g, p=plan: rewrite(g, p), repeats)
         print(f"  {name:14s} {len(g.ops):7d} {batch:5d} {len(plan.swaps):6d} {t_plan:8.3f} "
               f"{t_rw:9.3f} {t_plan + t_rw:8.3f}")
 

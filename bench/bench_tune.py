@@ -12,15 +12,14 @@ All figures are simulated (workspace "none", the accelerator model).
 from __future__ import annotations
 
 import argparse
-import gc
 import pathlib
-import statistics
-import subprocess
 import sys
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from common import densenet, median_time  # noqa: E402
 
 import lmscore  # noqa: E402
 from lmscore.tune import max_batch, tune  # noqa: E402
@@ -29,21 +28,8 @@ from lmscore.units import format_bytes  # noqa: E402
 GIB = 2**30
 
 
-def median_time(fn, repeats):
-    times, out = [], None
-    for _ in range(repeats):
-        gc.collect()
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), out
-
-
 def tuning_time(repeats: int) -> None:
-    dense = ROOT / "bench" / "out" / "densenet121.pb"
-    if not dense.exists():
-        subprocess.run([sys.executable, str(ROOT / "sample_graphs" / "generate.py"),
-                        "--densenet-27k", str(dense)], check=True)
+    dense = densenet()
     print("[1] tuning time (graph loaded and ordered beforehand; V100, PCIe 3)")
     for name, path, batch, budget, target in (
         ("resnet50", ROOT / "sample_graphs" / "resnet50.pb", 512, 16 * GIB, 1.0),

@@ -73,7 +73,7 @@ from .errors import ConfigError, RunError
 from .ir import Graph, split_tensor
 from .memory import simulate
 from .order import order
-from .plan import Plan, Swap, SwapIn, fingerprint
+from .plan import Plan, Swap, SwapIn, fingerprint, reaches
 from .rewrite import rewrite
 from .shapes import Sizes, resolve
 from .tune import DEVICES, LINKS, Device, _context, _evaluate, op_seconds
@@ -644,19 +644,7 @@ def _grappler_trigger(
 
 def _valid_trigger(graph: Graph, lv: Sequence[int], t: int, producer: int, consumer: int) -> bool:
     """The trigger comes after the producer and reaches the consumer (as plans require)."""
-    if lv[t] <= lv[producer] or lv[t] >= lv[consumer]:
-        return False
-    succs = graph.adjacency.succs
-    seen = {t}
-    stack = [t]
-    while stack:
-        for s in succs[stack.pop()]:
-            if s == consumer:
-                return True
-            if s not in seen and lv[s] < lv[consumer]:
-                seen.add(s)
-                stack.append(s)
-    return False
+    return lv[t] > lv[producer] and reaches(graph, t, consumer, lv)
 
 
 # --- The baseline ----------------------------------------------------------------------------

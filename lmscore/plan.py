@@ -575,7 +575,7 @@ def check_plan(graph: Graph, plan: Plan) -> None:
                     raise PlanError(f"swap of {s.tensor!r}: trigger {g.trigger!r} (level "
                                     f"{lv[t]}) does not come after the producer (level "
                                     f"{lv[producer]})")
-                if not _reaches(graph, t, first, lv):
+                if not reaches(graph, t, first, lv):
                     raise PlanError(f"swap of {s.tensor!r}: trigger {g.trigger!r} cannot "
                                     f"reach consumer {graph.ops[first].name!r}")
     for level in plan.serialize:
@@ -583,7 +583,8 @@ def check_plan(graph: Graph, plan: Plan) -> None:
             raise PlanError(f"serialize: level {level} is outside 0..{ordering.num_levels - 1}")
 
 
-def _reaches(graph: Graph, src: int, dst: int, lv: tuple[int, ...]) -> bool:
+def reaches(graph: Graph, src: int, dst: int, lv: Sequence[int]) -> bool:
+    """Whether op ``src`` reaches op ``dst`` (indices), searching only below dst's level."""
     if lv[src] >= lv[dst]:
         return False
     succs = graph.adjacency.succs
