@@ -233,10 +233,10 @@ def cpu_scratch_bytes(
     if op_type.startswith("Conv3D") and batch == 1:
         shard = 1
     else:
-        shard = min(batch, max(1, (cache_bytes // dtype_size) // work))
+        shard = min(batch, max(1, (cache_bytes // dtype_size) // max(work, 1)))
     col = shard * out_pixels * taps
     total = math.prod(input_shape) + math.prod(filter_shape) + math.prod(out_backprop)
-    if col // total > 25:
+    if total == 0 or col // total > 25:
         return 0
     return col * dtype_size
 
@@ -371,11 +371,26 @@ def _buffers(
     persistent = sum(b for b in sizes.variable_bytes.values() if b > 0)
     feeds = 0
 
+    # The two latest readers (schedule position, op) over every view of each buffer, so
+    # that "has every other reader run?" costs O(1) however long a chain of views grows.
+    latest: list[list[tuple[int, int]]] = []
+
+    def note_readers(b: int, tensor: tuple[int, int]) -> None:
+        top = latest[b]
+        for c in consumers.get(tensor, ()):
+            if any(op == c for _, op in top):
+                continue
+            top.append((pos[c], c))
+            top.sort(reverse=True)
+            del top[2:]
+
     def new_buffer(tensor: tuple[int, int], k: str) -> int:
         root.append(tensor)
         kind.append(k)
         readers.append([])
         members.append([tensor])
+        latest.append([])
+        note_readers(len(root) - 1, tensor)
         return len(root) - 1
 
     for i in ordering.schedule:
@@ -389,6 +404,7 @@ def _buffers(
             if src is not None:
                 owner[t] = owner[src]
                 members[owner[t]].append(t)
+                note_readers(owner[t], t)
                 continue
             if op.type in FEED_OPS:
                 owner[t] = new_buffer(t, "persistent" if spec.dtype == "resource" else "feed")
@@ -402,10 +418,11 @@ def _buffers(
                 owner[t] = new_buffer(t, "persistent")
                 persistent += max(nbytes[i][port], 0)
                 continue
-            b = _forwardable(graph, sizes, pos, consumers, i, port, owner, kind, members)
+            b = _forwardable(graph, sizes, pos, i, port, owner, kind, latest)
             if b is not None:
                 owner[t] = b
                 members[b].append(t)
+                note_readers(b, t)
                 continue
             owner[t] = new_buffer(t, "transient")
     out: list[Buffer] = []
@@ -498,12 +515,11 @@ def _forwardable(
     graph: Graph,
     sizes: Sizes,
     pos: list[int],
-    consumers: dict[tuple[int, int], tuple[int, ...]],
     i: int,
     port: int,
     owner: dict[tuple[int, int], int],
     kind: list[str],
-    members: list[list[tuple[int, int]]],
+    latest: list[list[tuple[int, int]]],
 ) -> int | None:
     """Buffer of an input that op ``i`` may overwrite in place, or None.
 
@@ -533,7 +549,8 @@ def _forwardable(
             continue
         if sum(1 for s in ins if owner[s] == b) > 1:
             continue
-        if all(c == i or pos[c] < me for t in members[b] for c in consumers.get(t, ())):
+        other = next((p for p, c in latest[b] if c != i), -1)  # latest reader but i
+        if other < me:
             return b
     return None
 
