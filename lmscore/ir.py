@@ -111,9 +111,23 @@ def split_tensor(name: str) -> tuple[str, int]:
     (('a/b', 2), ('a/b', 0))
     """
     op, sep, port = name.rpartition(":")
-    if sep and port.isdigit():
-        return op, int(port)
+    if sep and _is_port(port):
+        return op, _port_number(port)
     return name, 0
+
+
+def _is_port(text: str) -> bool:
+    """Whether ``text`` is an output port: ASCII digits (``"²".isdigit()`` is true too)."""
+    return text.isascii() and text.isdigit()
+
+
+def _port_number(text: str) -> int:
+    """The port ``text`` names, saturated beyond int64.
+
+    No op has that many outputs, so an absurd port is reported as out of range instead of
+    failing to convert (``int()`` refuses more than 4300 digits).
+    """
+    return int(text) if len(text) <= 18 else 2**63
 
 
 @dataclass(frozen=True)
@@ -215,8 +229,8 @@ class Graph:
             ins = []
             for t in op.inputs:
                 name, sep, port_text = t.rpartition(":")
-                if sep and port_text.isdigit():
-                    port = int(port_text)
+                if sep and _is_port(port_text):
+                    port = _port_number(port_text)
                 else:
                     name, port = t, 0
                 p = get(name)
@@ -330,6 +344,7 @@ def _describe_cycle(graph: Graph, indeg: list[int]) -> str:
         cycle = [u for u, _ in nx.find_cycle(sub)]
     except nx.NetworkXNoCycle:  # pragma: no cover - stuck ops always contain a cycle
         cycle = sorted(graph.ops[i].name for i in stuck)[:5]
+    cycle = [c if c.isprintable() else repr(c) for c in cycle]  # one line, whatever the names
     shown = " -> ".join(cycle[:6]) + (" -> ..." if len(cycle) > 6 else f" -> {cycle[0]}")
     return f"the graph has a cycle through data/control edges: {shown}"
 

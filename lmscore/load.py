@@ -10,11 +10,14 @@ Keras model needs TensorFlow itself.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pathlib
+import sys
+import tempfile
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from google.protobuf import message, text_format
@@ -27,6 +30,8 @@ from .ir import Graph, Op, TensorSpec, op_signatures
 _MAX_UNZIPPED = 8 * 2**30
 #: Integer constants up to this many elements are decoded (shape arguments, axes, perms).
 _SMALL_CONST = 64
+#: Outputs of one op when no ``_output_shapes`` says how many (a count attribute's cap).
+_MAX_OUTPUTS = 1 << 16
 _DTYPE_NAMES = {v: k[3:].lower() for k, v in types_pb2.DataType.items()}
 #: Attributes naming library functions, kept so functional ops can be described.
 _FUNC_ATTRS = ("f", "body", "cond", "then_branch", "else_branch", "branches")
@@ -63,6 +68,9 @@ def load(path: str | os.PathLike[str], *, function: str | None = None) -> Graph:
         return _load_saved_model(p, function)
     if not p.exists():
         raise GraphError(f"{p}: no such file or directory")
+    if not p.is_file():  # a pipe or a device would block or never end
+        raise GraphError(f"{p}: not a regular file (expected a GraphDef file, a SavedModel "
+                         "directory or a .zip)")
     if zipfile.is_zipfile(p):
         return _load_zipped_saved_model(p, function)
     try:
@@ -96,12 +104,39 @@ def from_graphdef_bytes(data: bytes, *, source: str = "<bytes>", text: bool | No
         return from_graphdef(gd, source=source, graphdef=gd.SerializeToString() if was_text
                              else data)
     except _MissingShapes:
+        _check_names(gd, source)  # what is wrong anyway is said without TensorFlow
         gd = _add_shapes_with_tensorflow(gd, source)
         return from_graphdef(gd, source=source, graphdef=gd.SerializeToString())
 
 
 class _MissingShapes(Exception):
     """A node with outputs has no ``_output_shapes``: TensorFlow must infer them."""
+
+
+def _check_names(gd: Any, source: str) -> None:
+    """Unique node names and inputs that name nodes, as the IR checks them after import."""
+    names: set[str] = set()
+    for node in gd.node:
+        if not node.name:
+            raise GraphError(f"{source}: a node has an empty name")
+        if not node.op:
+            raise GraphError(f"{source}: node {node.name!r} has no op type")
+        if node.name in names:
+            raise GraphError(f"{source}: duplicate node name {node.name!r}")
+        names.add(node.name)
+    for node in gd.node:
+        for t in node.input:
+            if t[:1] == "^":
+                if t[1:] not in names:
+                    raise GraphError(f"{source}: node {node.name!r} has a control input from "
+                                     f"{t[1:]!r} but no such node exists")
+                continue
+            name, sep, port = t.rpartition(":")
+            if not (sep and port.isascii() and port.isdigit()):
+                name = t
+            if name not in names:
+                raise GraphError(f"{source}: node {node.name!r} reads {t!r} but no node "
+                                 f"{name!r} exists")
 
 
 def _parse(data: bytes, source: str, text: bool | None) -> tuple[Any, bool]:
@@ -119,6 +154,8 @@ def _parse(data: bytes, source: str, text: bool | None) -> tuple[Any, bool]:
                 ) from None
     try:
         return text_format.Parse(data.decode("utf-8"), graph_pb2.GraphDef()), True
+    except RecursionError:
+        raise GraphError(f"{source}: not a GraphDef (text protobuf nested too deeply)") from None
     except (text_format.ParseError, UnicodeDecodeError) as e:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         kind = "text" if text else "binary or text"
@@ -230,7 +267,10 @@ def _output_dtypes(attr: Any, sig: tuple | None, n_shapes: int | None) -> list[s
         if ref:
             dt += "_ref"
         if count_attr:
-            out.extend([dt] * (attr[count_attr].i if count_attr in attr else 0))
+            count = attr[count_attr].i if count_attr in attr else 0
+            # The recorded shapes give the arity; a huge count must not build a huge list.
+            limit = n_shapes if n_shapes is not None else _MAX_OUTPUTS
+            out.extend([dt] * min(max(count, 0), limit))
         else:
             out.append(dt)
     return out
@@ -253,7 +293,7 @@ def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None) ->
     out: dict[str, Any] = {}
     for key in ("_lms_role", "_lms_tensor"):  # swap ops of an exported rewrite
         if key in attr:
-            out[key] = attr[key].s.decode()
+            out[key] = attr[key].s.decode("utf-8", "replace")
     if node.op in ("Identity", "DeepCopy"):
         return out
     if node.op in ("While", "StatelessWhile") and pushes:
@@ -315,42 +355,92 @@ def _list_pushes(gd: Any) -> dict[str, tuple[int, ...]]:
 
 
 def _small_int_tensor(t: Any) -> tuple[int | float, ...] | None:
-    """Values of a small integer constant, or of a scalar floating-point constant."""
-    if t.dtype in (types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE):
-        if any(d.size != 1 for d in t.tensor_shape.dim):
+    """Values of a small integer constant, or of a scalar floating-point constant.
+
+    A tensor whose shape is negative or whose packed content does not hold exactly the
+    elements of its shape is inconsistent: its value is not decoded (None).
+    """
+    n = 1
+    for d in t.tensor_shape.dim:
+        if d.size < 0:
             return None
-        vals = list(t.float_val if t.dtype == types_pb2.DT_FLOAT else t.double_val)
+        n *= d.size
+    if t.dtype in (types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE):
+        if n != 1:
+            return None
         if t.tensor_content:
             import numpy as np
 
-            dt = np.float32 if t.dtype == types_pb2.DT_FLOAT else np.float64
-            vals = [float(v) for v in np.frombuffer(t.tensor_content, dtype=dt)]
-        return (float(vals[0]),) if vals else (0.0,)
+            dt = np.dtype(np.float32 if t.dtype == types_pb2.DT_FLOAT else np.float64)
+            if len(t.tensor_content) != dt.itemsize:
+                return None
+            return (float(np.frombuffer(t.tensor_content, dtype=dt)[0]),)
+        vals = t.float_val if t.dtype == types_pb2.DT_FLOAT else t.double_val
+        return (float(vals[0]),) if len(vals) else (0.0,)
     if t.dtype not in (types_pb2.DT_INT32, types_pb2.DT_INT64):
         return None
-    n = 1
-    for d in t.tensor_shape.dim:
-        n *= d.size
     if n > _SMALL_CONST:
         return None
     if t.tensor_content:
         import numpy as np
 
-        dt = np.int32 if t.dtype == types_pb2.DT_INT32 else np.int64
+        dt = np.dtype(np.int32 if t.dtype == types_pb2.DT_INT32 else np.int64)
+        if len(t.tensor_content) != n * dt.itemsize:
+            return None
         return tuple(int(v) for v in np.frombuffer(t.tensor_content, dtype=dt))
     vals = list(t.int_val if t.dtype == types_pb2.DT_INT32 else t.int64_val)
     if not vals:
         return (0,) * n
+    if len(vals) > n:
+        return None
     if len(vals) < n:  # TensorFlow repeats the last value to fill the shape
         vals += [vals[-1]] * (n - len(vals))
     return tuple(int(v) for v in vals)
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """Send file descriptor 2 to a scratch file while TensorFlow runs.
+
+    TensorFlow's C++ runtime writes log lines (CUDA probing, CPU features, attributes it
+    does not know) straight to the descriptor; they would break the one-line error of the
+    command line. Its failures still come back as exceptions, turned into GraphError.
+    """
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no descriptor 2 to redirect
+        yield
+        return
+    try:
+        with tempfile.TemporaryFile() as scratch:
+            os.dup2(scratch.fileno(), 2)
+            try:
+                yield
+            finally:
+                with contextlib.suppress(OSError, ValueError):
+                    sys.stderr.flush()
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
+def _tfgraph(source: str) -> Any:
+    """Import :mod:`lmscore.tfgraph` (and TensorFlow) without TensorFlow's log lines."""
+    try:
+        with _native_stderr_silenced():
+            from . import tfgraph
+    except ImportError as e:
+        raise GraphError(f"{source}: TensorFlow is needed to read this graph but cannot be "
+                         f"imported ({_one_line(e)})") from None
+    return tfgraph
+
+
 def _add_shapes_with_tensorflow(gd: Any, source: str) -> Any:
     """Run TensorFlow's shape inference on a GraphDef that lacks ``_output_shapes``."""
-    from . import tfgraph
-
-    data = tfgraph.graphdef_with_shapes(gd.SerializeToString(), source=source)
+    tfgraph = _tfgraph(source)
+    with _native_stderr_silenced():
+        data = tfgraph.graphdef_with_shapes(gd.SerializeToString(), source=source)
     out = graph_pb2.GraphDef()
     out.ParseFromString(data)
     return out
@@ -359,14 +449,14 @@ def _add_shapes_with_tensorflow(gd: Any, source: str) -> Any:
 def _load_saved_model(path: pathlib.Path, function: str | None) -> Graph:
     if not (path / "saved_model.pb").exists() and not (path / "saved_model.pbtxt").exists():
         raise GraphError(f"{path}: not a SavedModel directory (no saved_model.pb)")
-    from . import tfgraph
-
-    data = tfgraph.graphdef_from_saved_model(str(path), function)
+    tfgraph = _tfgraph(str(path))
+    with _native_stderr_silenced():
+        data = tfgraph.graphdef_from_saved_model(str(path), function)
     return from_graphdef_bytes(data, source=str(path), text=False)
 
 
 def _load_zipped_saved_model(path: pathlib.Path, function: str | None) -> Graph:
-    import tempfile
+    import zlib
 
     with tempfile.TemporaryDirectory(prefix="lms-savedmodel-") as tmp:
         root = pathlib.Path(tmp).resolve()
@@ -383,13 +473,21 @@ def _load_zipped_saved_model(path: pathlib.Path, function: str | None) -> Graph:
                             f"{path}: zip member {info.filename!r} escapes the archive"
                         )
                 zf.extractall(root)
-        except (zipfile.BadZipFile, OSError) as e:
-            raise GraphError(f"{path}: unreadable zip archive ({e})") from None
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, zlib.error,
+                ValueError, NotImplementedError, RuntimeError) as e:  # RuntimeError: encrypted
+            raise GraphError(f"{path}: unreadable zip archive ({_one_line(e)})") from None
         candidates = sorted(p.parent for p in root.rglob("saved_model.pb"))
         if not candidates:
             raise GraphError(f"{path}: the zip archive holds no SavedModel (no saved_model.pb)")
-        graph = _load_saved_model(candidates[0], function)
+        try:
+            graph = _load_saved_model(candidates[0], function)
+        except GraphError as e:  # name the archive, not the scratch directory it is gone from
+            raise GraphError(str(e).replace(str(root), str(path))) from None
     return graph.replace(graph.ops, source=str(path))
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 def from_function(fn: Any, *specs: Any) -> Graph:

@@ -591,7 +591,7 @@ def hotspots(
     rows = []
     for b in live_at(sim, lvl)[:limit]:
         best, reach = b.tensor, -1
-        for t in (b.tensor, *b.views):
+        for t in () if b.scratch else (b.tensor, *b.views):
             name, _, port = t.rpartition(":")
             i = graph.index[name]
             far = max((lv[c] - lv[i] for c in adj.consumers.get((i, int(port)), ())),

@@ -267,7 +267,7 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
     meets_seed = [False] * n
     if any(update):
         seed = _find_seed(graph, topo, cat)
-        if seed is not None and ops[seed].type == "OnesLike":
+        if seed is not None and ops[seed].type == "OnesLike" and adj.data_in[seed]:
             loss = adj.data_in[seed][0][0]
         if seed is not None:
             from_seed[seed] = True
@@ -325,10 +325,9 @@ def _find_seed(graph: Graph, topo: tuple[int, ...], cat: list[str | None]) -> in
     if len(likes) == 1:
         return likes[0]
     def one(i: int) -> bool:
-        op = ops[i]
-        if op.type == "Fill" and len(adj.data_in[i]) == 2:
-            return one(adj.data_in[i][1][0])
-        return op.type == "Const" and op.attrs.get("value") == (1.0,)
+        while ops[i].type == "Fill" and len(adj.data_in[i]) == 2:  # Fill(shape, Fill(...))
+            i = adj.data_in[i][1][0]
+        return ops[i].type == "Const" and ops[i].attrs.get("value") == (1.0,)
 
     seeds = [
         i for i in topo

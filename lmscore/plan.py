@@ -136,16 +136,20 @@ def plan_from_json(text: str, source: str = "<plan>") -> Plan:
         doc = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise PlanError(f"{source}: not JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+    except RecursionError:
+        raise PlanError(f"{source}: not a plan (JSON nested too deeply)") from None
+    except ValueError as e:  # e.g. an integer of more than 4300 digits
+        raise PlanError(f"{source}: not a plan ({' '.join(str(e).split())})") from None
     if not isinstance(doc, dict):
         raise PlanError(f"{source}: a plan is a JSON object")
     version = doc.get("version")
     if version != PLAN_VERSION:
-        raise PlanError(f"{source}: plan version {version!r} is not supported (expected "
+        raise PlanError(f"{source}: plan version {_short(version)} is not supported (expected "
                         f"{PLAN_VERSION})")
     graph = _field(doc, "graph", str, source)
     sync = doc.get("sync_mode", 0)
-    if sync not in SYNC_MODES:
-        raise PlanError(f"{source}: sync_mode must be 0-3, got {sync!r}")
+    if not isinstance(sync, int) or sync not in SYNC_MODES:  # lists and dicts are unhashable
+        raise PlanError(f"{source}: sync_mode must be 0-3, got {_short(sync)}")
     serialize = doc.get("serialize", [])
     if not isinstance(serialize, list) or not all(isinstance(x, int) for x in serialize):
         raise PlanError(f"{source}: serialize must be a list of levels")
@@ -172,6 +176,12 @@ def plan_from_json(text: str, source: str = "<plan>") -> Plan:
             groups.append(SwapIn(tuple(consumers), trigger))
         swaps.append(Swap(tensor, tuple(groups)))
     return Plan(graph, tuple(swaps), sync, tuple(serialize), params, version)
+
+
+def _short(value: Any) -> str:
+    """``repr(value)`` cut to a length that fits in a one-line message."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _field(doc: dict, key: str, typ: type, where: str) -> Any:

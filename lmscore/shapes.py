@@ -111,8 +111,8 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
                 raise GraphError(
                     f"{graph.source}: node {op.name!r} output {port} has an invalid shape {list(s)}"
                 )
-            if port in own:  # an integer tensor whose value is known has a known shape
-                out.append(own[port][0])
+            if port in own and (s is None or len(own[port][0]) == len(s)):
+                out.append(own[port][0])  # an integer tensor whose value is known
                 continue
             if s is not None and -1 not in s:
                 out.append(s)
@@ -129,6 +129,7 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
                 r = (batch_size,) + r[1:]
                 assumed.append(f"{op.name}:{port}")
             out.append(r)
+        _check_resolved(graph, i, out, vals)
         shapes[i] = out
     nbytes: list[list[int]] = []
     unknown: list[str] = []
@@ -160,6 +161,31 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
     )
 
 
+def _check_resolved(
+    graph: Graph, i: int, out: list[tuple[int, ...] | None], vals: dict[tuple[int, int], Value]
+) -> None:
+    """Reject what no valid graph computes: negative sizes, a transpose that is no permutation.
+
+    Shapes computed from integer values (``Fill``, ``Reshape``, ``Const``...) are not
+    checked on load; the simulator and the ops reading them need sizes >= 0.
+    """
+    op = graph.ops[i]
+    for port, shape in enumerate(out):
+        if shape is not None and any(d < -1 for d in shape):
+            raise GraphError(
+                f"{graph.source}: node {op.name!r} output {port} would have a negative "
+                f"dimension (shape {list(shape)})"
+            )
+    if op.type == "Transpose" and len(graph.adjacency.data_in[i]) == 2 and out:
+        perm = vals.get(graph.adjacency.data_in[i][1])
+        if perm is not None and out[0] is not None and len(perm[1]) == len(out[0]):
+            if sorted(perm[1]) != list(range(len(out[0]))):
+                raise GraphError(
+                    f"{graph.source}: node {op.name!r} has perm {list(perm[1])}, not a "
+                    f"permutation of its {len(out[0])} dimensions"
+                )
+
+
 _LIST_MAKERS = frozenset({"EmptyTensorList", "TensorListReserve"})
 _WHILE_OPS = frozenset({"While", "StatelessWhile"})
 
@@ -186,7 +212,10 @@ def _size_tensor_lists(
     for i in topo:
         op = ops[i]
         ins = adj.data_in[i]
-        if op.type == "TensorListStack" and ins and ins[0] in capacity and nbytes[i][0] < 0:
+        if (
+            op.type == "TensorListStack" and ins and ins[0] in capacity and nbytes[i]
+            and nbytes[i][0] < 0
+        ):
             nbytes[i][0] = capacity[ins[0]]  # the stacked elements of a filled list
             unknown.remove(f"{op.name}:0")
         if not any(o.dtype == "variant" for o in op.outputs):
@@ -195,9 +224,9 @@ def _size_tensor_lists(
         if op.type in _LIST_MAKERS and len(ins) == 2:
             shape, count = vals.get(ins[0]), vals.get(ins[1])
             size = dtype_bytes(op.attrs.get("element_dtype", ""))
-            if shape is not None and count is not None and size and count[1][0] >= 0:
+            if shape is not None and count and count[1] and size and count[1][0] >= 0:
                 dims = [batch if k == 0 and d == -1 else d for k, d in enumerate(shape[1])]
-                if -1 not in dims:
+                if all(d >= 0 for d in dims):
                     capacity[(i, 0)] = count[1][0] * math.prod(dims) * size
             sizes[0] = 0
         elif op.type == "TensorListFromTensor" and ins:
@@ -263,7 +292,8 @@ def _resolve_one(
             continue
         for resolved, recorded in ins:
             if (
-                resolved is not None and recorded is not None and len(resolved) == len(dims)
+                resolved is not None and recorded is not None
+                and len(resolved) == len(recorded) == len(dims)
                 and recorded[j] == -1 and resolved[j] >= 0
             ):
                 dims[j] = resolved[j]
@@ -271,7 +301,7 @@ def _resolve_one(
     for resolved, recorded in ins:  # a prefix: gathers, appended axes
         if (
             -1 in dims and resolved is not None and recorded is not None
-            and len(recorded) < len(dims) and recorded == s[: len(recorded)]
+            and len(resolved) == len(recorded) < len(dims) and recorded == s[: len(recorded)]
         ):
             dims[: len(recorded)] = [
                 r if d == -1 else d for d, r in zip(dims[: len(recorded)], resolved, strict=True)
@@ -293,7 +323,10 @@ def _const_value(graph: Graph, i: int, input_index: int) -> tuple[int, ...] | No
     while producer.type == "Identity" and producer.inputs:
         p, _ = graph.adjacency.data_in[p][0]
         producer = graph.ops[p]
-    return producer.attrs.get("value") if producer.type == "Const" else None
+    value = producer.attrs.get("value") if producer.type == "Const" else None
+    if value is None or not all(isinstance(x, int) for x in value):
+        return None  # a floating-point constant is no axis or permutation
+    return value
 
 
 def _variable_bytes(
@@ -310,7 +343,13 @@ def _variable_bytes(
         if not (op.type in VARIABLE_OPS or (op.type in FEED_OPS and resource)):
             continue
         if "shape" in op.attrs and op.attrs.get("dtype") and op.type in VARIABLE_OPS:
-            declared = _bytes(tuple(op.attrs["shape"]), op.attrs["dtype"])
+            shape = tuple(op.attrs["shape"])
+            declared = _bytes(shape, op.attrs["dtype"])
+            if any(d < -1 for d in shape) or declared > _MAX_BYTES:
+                raise GraphError(
+                    f"{graph.source}: variable {op.name!r} has an invalid shape {list(shape)}"
+                    + (f" ({declared} bytes)" if declared > _MAX_BYTES else "")
+                )
         else:  # reference variables carry their shape on the output
             declared = -1 if resource or not op.outputs else nbytes[i][0]
         if declared >= 0:
@@ -339,6 +378,8 @@ def _bytes_from_update(graph: Graph, var: int, nbytes: list[tuple[int, ...]]) ->
     for c in adj.consumers.get((var, 0), ()):
         consumer = graph.ops[c]
         if consumer.type in ("AssignAddVariableOp", "AssignSubVariableOp"):
+            if len(adj.data_in[c]) < 2:
+                continue
             p, port = adj.data_in[c][1]
             if nbytes[p][port] >= 0:
                 return nbytes[p][port]
@@ -428,19 +469,19 @@ def _int_values(
         if xs or t in ("Prod", "Sum"):
             keep = op.attrs.get("keep_dims", False) and len(v(0)[0]) == 1
             out = ((1,) if keep else (), (int(red(xs)),))
-    elif t in _BINARY and v(0) is not None and v(1) is not None:
+    elif t in _BINARY and v(0) is not None and v(1) is not None and v(0)[1] and v(1)[1]:
         a, b = v(0), v(1)
         if len(a[1]) == 1 or len(b[1]) == 1 or len(a[1]) == len(b[1]):
             n = max(len(a[1]), len(b[1]))
             xs = [_BINARY[t](a[1][k % len(a[1])], b[1][k % len(b[1])]) for k in range(n)]
             if None not in xs:
                 out = (a[0] if len(a[1]) >= len(b[1]) else b[0], tuple(xs))
-    elif t == "Range" and all(v(k) is not None for k in range(3)):
+    elif t == "Range" and all(v(k) is not None and v(k)[1] for k in range(3)):
         start, limit, delta = v(0)[1][0], v(1)[1][0], v(2)[1][0]
         if delta and 0 <= (limit - start) // delta <= _MAX_VALUE:
             r = tuple(range(start, limit, delta))
             out = ((len(r),), r)
-    elif t == "Fill" and v(0) is not None and v(1) is not None and len(v(0)[1]) <= 1:
+    elif t == "Fill" and v(0) is not None and v(1) is not None and len(v(0)[1]) <= 1 and v(1)[1]:
         n = v(0)[1][0] if v(0)[1] else 1
         if 0 <= n <= _MAX_VALUE:
             out = (v(0)[1], (v(1)[1][0],) * n)
@@ -463,6 +504,8 @@ def _int_values(
 def _strided_slice(op: Op, x, begin, end, strides) -> Value | None:
     a = op.attrs
     if a.get("ellipsis_mask", 0) or a.get("new_axis_mask", 0) or len(begin) != 1:
+        return None
+    if len(end) != 1 or len(strides) != 1:
         return None
     n, stride = len(x), strides[0]
     if stride == 0:

@@ -1,0 +1,339 @@
+"""Hostile inputs: every one ends in success or one documented error line, in bounded time.
+
+The corpus (``tests/hostile/make_corpus.py``) is generated into a temporary directory:
+truncated and bit-flipped copies of ``mlp.pb``, protobufs of other message types, text,
+empty files, cycles, dangling inputs, duplicate names, unknown ops and dtypes, absurd
+shapes, huge attributes, deep function libraries, damaged SavedModels and zips, and bad
+plan files. Each case goes through the Python API (``lmscore.load`` then
+``lmscore.simulate(graph, 4)``, or ``load_plan`` + ``check_plan`` + ``rewrite``) and through
+the CLI (``lms inspect FILE``, ``lms rewrite GRAPH --plan PLAN``):
+
+* the outcome is the expected one: success, or an :class:`lmscore.errors.LmsError`
+  subclass with a one-line message (never another exception);
+* the CLI exits 0 or 2, and on error prints exactly one stderr line ``lms: error: ...``
+  and no traceback;
+* each case finishes within :data:`TIME_LIMIT` seconds;
+* nothing is written (the corpus and the working directory are unchanged).
+
+The default run samples 30 truncations and 30 bit flips; ``-m slow`` adds 300 of each.
+TensorFlow is needed only by the cases marked ``tf`` (SavedModels, a graph without shapes).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent / "hostile"))
+
+import make_corpus  # noqa: E402
+
+import lmscore  # noqa: E402
+from lmscore.errors import LmsError  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TIME_LIMIT = 20  # seconds per case, in process and per CLI run
+TF_TIME_LIMIT = 90  # cases that import TensorFlow in a fresh process
+CLASSES = (
+    "truncated", "bitflip", "other_message", "text", "empty", "zero_nodes", "cycle",
+    "dangling", "duplicate", "names", "unknown_op", "unknown_dtype", "absurd_shape",
+    "huge_attr", "deep_library", "semantic", "special_file", "zip", "saved_model", "plan",
+)
+#: Places a path-traversal zip would write to if the importer extracted it blindly.
+ESCAPES = (pathlib.Path("/evil"), pathlib.Path("/tmp/lms_evil"), pathlib.Path("/tmp/evil"),
+           pathlib.Path("/tmp/evil.pb"))
+
+#: Cases that still fail (none now); each would be run by test_known_issues, which expects
+#: the failure (strict: it flags the fix).
+KNOWN_ISSUES: dict[str, str] = {}
+
+TRIED: Counter[str] = Counter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_counts(request):
+    yield
+    if not TRIED:
+        return
+    plugins = request.config.pluginmanager
+    reporter = plugins.get_plugin("terminalreporter")
+    capture = plugins.get_plugin("capturemanager")
+    lines = ["", "hostile inputs tried per class (api: in process, cli: lms subprocesses):"]
+    lines += [f"  {k:34s} {v}" for k, v in sorted(TRIED.items())]
+    lines.append(f"  {'total':34s} {sum(TRIED.values())}")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        for line in lines:
+            if reporter is not None:
+                reporter.write_line(line)
+            else:  # pragma: no cover
+                print(line)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile")
+    return root, make_corpus.generate(root, truncations=30, bitflips=30)
+
+
+@pytest.fixture(scope="session")
+def big_corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile_big")
+    cases = make_corpus.generate(root, truncations=300, bitflips=300)
+    return root, [c for c in cases if c.cls in ("truncated", "bitflip")]
+
+
+@pytest.fixture(scope="session")
+def tf_corpus(tmp_path_factory):
+    pytest.importorskip("tensorflow")
+    root = tmp_path_factory.mktemp("hostile_tf")
+    return root, [c for c in make_corpus.generate(root, truncations=0, bitflips=0,
+                                                  with_tf=True) if c.tf]
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+class _Timeout(BaseException):
+    """Raised by the alarm when a case runs past its time limit."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    def on_alarm(signum, frame):
+        raise _Timeout(f"no result after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def snapshot(*dirs: pathlib.Path) -> set[tuple[str, int, int]]:
+    """Every entry under ``dirs`` (not following links) with its size and mtime."""
+    out = set()
+    for d in dirs:
+        for base, subdirs, files in os.walk(d):
+            for name in subdirs + files:
+                p = os.path.join(base, name)
+                st = os.lstat(p)
+                out.add((p, st.st_size, st.st_mtime_ns))
+    for p in ESCAPES:
+        if p.exists():
+            out.add((str(p), -1, -1))
+    return out
+
+
+def run_api(root: pathlib.Path, case: make_corpus.Case, limit: float) -> tuple[str, str]:
+    """Outcome (``"ok"``, an LmsError class name, or ``"CRASH ..."``) and the message."""
+    path = root / case.path
+    try:
+        with time_limit(limit):
+            if case.kind == "plan":
+                from lmscore.plan import check_plan, load_plan
+                from lmscore.rewrite import rewrite
+
+                graph = lmscore.load(case.graph)
+                plan = load_plan(path)
+                check_plan(graph, plan)
+                rewrite(graph, plan)
+            else:
+                graph = lmscore.load(path)
+                lmscore.simulate(graph, 4)
+    except LmsError as e:
+        return type(e).__name__, str(e)
+    except _Timeout as e:
+        return "CRASH timeout", str(e)
+    except BaseException as e:  # anything else is a bug, whatever it is
+        return f"CRASH {type(e).__name__}", str(e)[:300]
+    return "ok", ""
+
+
+def check_api(root: pathlib.Path, case: make_corpus.Case, limit: float) -> str | None:
+    """None if the case behaves, else a description of what went wrong."""
+    before = snapshot(root)
+    outcome, msg = run_api(root, case, limit)
+    problems = []
+    if outcome not in case.expect:
+        problems.append(f"got {outcome}: {msg[:300]!r}, expected {'/'.join(case.expect)}")
+    if outcome != "ok" and not outcome.startswith("CRASH"):
+        if "\n" in msg or "\r" in msg or not msg.strip():
+            problems.append(f"message is not one line: {msg[:300]!r}")
+        if case.message and case.message not in msg:
+            problems.append(f"message lacks {case.message!r}: {msg[:300]!r}")
+        if case.kind == "graph" and pathlib.Path(case.path).name not in msg:
+            problems.append(f"message does not name the file: {msg[:300]!r}")
+    if snapshot(root) != before:
+        problems.append("files were written")
+    return "; ".join(problems) or None
+
+
+def lms(args: list[str], cwd: pathlib.Path, limit: float) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "lmscore.cli", *args], capture_output=True,
+                          text=True, errors="replace", cwd=cwd, timeout=limit, env=env)
+
+
+def check_cli(root: pathlib.Path, case: make_corpus.Case, work: pathlib.Path,
+              limit: float) -> str | None:
+    path = root / case.path
+    cwd = work / case.name.replace("/", "_")
+    cwd.mkdir(parents=True)
+    out = work / (case.name.replace("/", "_") + "_out")
+    out.mkdir()
+    if case.kind == "plan":
+        args = ["rewrite", case.graph, "--plan", str(path), "--out", str(out / "new.pb")]
+    else:
+        args = ["inspect", str(path)]
+    before = snapshot(root, cwd)
+    start = time.monotonic()
+    try:
+        r = lms(args, cwd, limit)
+    except subprocess.TimeoutExpired:
+        return f"CLI did not finish within {limit} s"
+    took = time.monotonic() - start
+    problems = []
+    lines = r.stderr.splitlines()
+    ok = r.returncode == 0
+    if ok and "ok" not in case.expect:
+        problems.append(f"exit 0, expected {'/'.join(case.expect)}")
+    if not ok:
+        if r.returncode != 2:
+            problems.append(f"exit {r.returncode}")
+        if len(lines) != 1 or not lines[0].startswith("lms: error: "):
+            problems.append(f"stderr is not one 'lms: error:' line: {r.stderr[-600:]!r}")
+        if "ok" in case.expect and len(case.expect) == 1:
+            problems.append(f"expected success: {r.stderr[-300:]!r}")
+        if r.stdout:
+            problems.append(f"stdout on error: {r.stdout[:200]!r}")
+    if "Traceback" in r.stderr:
+        problems.append("traceback on stderr")
+    if snapshot(root, cwd) != before:
+        problems.append("files were written")
+    written = sorted(p.name for p in out.iterdir())
+    if written != (["new.pb"] if ok and case.kind == "plan" else []):
+        problems.append(f"output directory holds {written}")
+    if problems:
+        return f"({took:.1f} s) " + "; ".join(problems)
+    return None
+
+
+def run_cases(cases, check) -> dict[str, str]:
+    """Run ``check`` on every case, two at a time; return the failures by case name."""
+    failures = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        for case, problem in zip(cases, pool.map(check, cases), strict=True):
+            if problem:
+                failures[case.name] = problem
+    return failures
+
+
+def report(failures: dict[str, str]) -> str:
+    return "\n".join(f"{name}: {why}" for name, why in sorted(failures.items()))
+
+
+def _select(cases, cls):
+    return [c for c in cases if c.cls == cls and not c.tf and c.name not in KNOWN_ISSUES]
+
+
+# --- the tests ------------------------------------------------------------------------------
+
+
+def test_corpus_is_deterministic(tmp_path):
+    a = make_corpus.generate(tmp_path / "a", truncations=5, bitflips=5)
+    b = make_corpus.generate(tmp_path / "b", truncations=5, bitflips=5)
+    assert a == b and {c.cls for c in a} == set(CLASSES)
+    for case in a:
+        pa, pb = tmp_path / "a" / case.path, tmp_path / "b" / case.path
+        if pa.is_file() and not pa.is_symlink():
+            assert pa.read_bytes() == pb.read_bytes(), case.name
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_api(corpus, cls):
+    root, cases = corpus
+    chosen = _select(cases, cls)
+    failures = {}
+    for case in chosen:  # in the main thread: the alarm bounds each case
+        problem = check_api(root, case, TIME_LIMIT)
+        if problem:
+            failures[case.name] = problem
+    TRIED[f"{cls} (api)"] += len(chosen)
+    assert not failures, f"{len(failures)}/{len(chosen)} cases failed:\n{report(failures)}"
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_cli(corpus, cls, tmp_path):
+    root, cases = corpus
+    chosen = _select(cases, cls)
+    failures = run_cases(chosen, lambda c: check_cli(root, c, tmp_path, TIME_LIMIT))
+    TRIED[f"{cls} (cli)"] += len(chosen)
+    assert not failures, f"{len(failures)}/{len(chosen)} cases failed:\n{report(failures)}"
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN_ISSUES))
+def test_known_issues(corpus, name, tmp_path):
+    root, cases = corpus
+    (case,) = [c for c in cases if c.name == name]
+    problem = check_api(root, case, 5) or check_cli(root, case, tmp_path, 10)
+    TRIED["known issues (api, cli)"] += 1
+    if problem:
+        pytest.xfail(f"{KNOWN_ISSUES[name]}: {problem}")
+    pytest.fail(f"{name} passes now: remove it from KNOWN_ISSUES")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cls", ["truncated", "bitflip"])
+def test_api_many(big_corpus, cls):
+    root, cases = big_corpus
+    chosen = _select(cases, cls)
+    failures = {}
+    for case in chosen:
+        problem = check_api(root, case, TIME_LIMIT)
+        if problem:
+            failures[case.name] = problem
+    TRIED[f"{cls} x300 (api)"] += len(chosen)
+    assert not failures, f"{len(failures)}/{len(chosen)} cases failed:\n{report(failures)}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cls", ["truncated", "bitflip"])
+def test_cli_many(big_corpus, cls, tmp_path):
+    root, cases = big_corpus
+    chosen = _select(cases, cls)
+    failures = run_cases(chosen, lambda c: check_cli(root, c, tmp_path, TIME_LIMIT))
+    TRIED[f"{cls} x300 (cli)"] += len(chosen)
+    assert not failures, f"{len(failures)}/{len(chosen)} cases failed:\n{report(failures)}"
+
+
+@pytest.mark.tf
+def test_tf_cases_api(tf_corpus):
+    root, cases = tf_corpus
+    failures = {}
+    for case in cases:
+        problem = check_api(root, case, TF_TIME_LIMIT)
+        if problem:
+            failures[case.name] = problem
+    for case in cases:
+        TRIED[f"{case.cls} with TF (api)"] += 1
+    assert not failures, f"{len(failures)}/{len(cases)} cases failed:\n{report(failures)}"
+
+
+@pytest.mark.tf
+def test_tf_cases_cli(tf_corpus, tmp_path):
+    root, cases = tf_corpus
+    failures = run_cases(cases, lambda c: check_cli(root, c, tmp_path, TF_TIME_LIMIT))
+    for case in cases:
+        TRIED[f"{case.cls} with TF (cli)"] += 1
+    assert not failures, f"{len(failures)}/{len(cases)} cases failed:\n{report(failures)}"
