@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 
 import pytest
+from hostile.make_corpus import varint
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from tensorboard.compat.proto import graph_pb2
@@ -101,17 +102,6 @@ SCHEMA: dict[str, dict[int, tuple[str, object]]] = {
     "Versions": {1: ("varint", None)},
 }
 WIRE = {"varint": 0, "fixed64": 1, "msg": 2, "str": 2, "bytes": 2, "fixed32": 5}
-
-
-def varint(n: int) -> bytes:
-    n &= 2**64 - 1
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 @st.composite

@@ -16,7 +16,8 @@ the CLI (``lms inspect FILE``, ``lms rewrite GRAPH --plan PLAN``):
 * nothing is written (the corpus and the working directory are unchanged).
 
 The default run samples 30 truncations and 30 bit flips; ``-m slow`` adds 300 of each.
-TensorFlow is needed only by the cases marked ``tf`` (SavedModels, a graph without shapes).
+TensorFlow is needed only by the cases marked ``tf`` (SavedModels, a graph without shapes);
+all of them go through the API, a sample through the CLI (all of them under ``-m slow``).
 """
 
 from __future__ import annotations
@@ -330,10 +331,28 @@ def test_tf_cases_api(tf_corpus):
     assert not failures, f"{len(failures)}/{len(cases)} cases failed:\n{report(failures)}"
 
 
-@pytest.mark.tf
-def test_tf_cases_cli(tf_corpus, tmp_path):
+#: The TensorFlow cases the default run also sends through the CLI (each run starts
+#: TensorFlow, several seconds); ``-m slow`` sends all of them.
+TF_CLI_SAMPLE = ("saved_model/garbage_pb", "saved_model/missing_variables",
+                 "zip/garbage_saved_model", "unknown_op/without_shapes")
+
+
+def _tf_cli(tf_corpus, tmp_path, chosen) -> None:
     root, cases = tf_corpus
+    cases = [c for c in cases if chosen(c)]
     failures = run_cases(cases, lambda c: check_cli(root, c, tmp_path, TF_TIME_LIMIT))
     for case in cases:
         TRIED[f"{case.cls} with TF (cli)"] += 1
     assert not failures, f"{len(failures)}/{len(cases)} cases failed:\n{report(failures)}"
+
+
+@pytest.mark.tf
+def test_tf_cases_cli(tf_corpus, tmp_path):
+    assert set(TF_CLI_SAMPLE) <= {c.name for c in tf_corpus[1]}
+    _tf_cli(tf_corpus, tmp_path, lambda c: c.name in TF_CLI_SAMPLE)
+
+
+@pytest.mark.tf
+@pytest.mark.slow
+def test_tf_cases_cli_rest(tf_corpus, tmp_path):
+    _tf_cli(tf_corpus, tmp_path, lambda c: c.name not in TF_CLI_SAMPLE)

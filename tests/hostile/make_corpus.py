@@ -249,7 +249,9 @@ def _bitflips(w: _Writer, base: bytes, n: int) -> None:
         w.file("bitflip", f"seed_{seed:04d}", bytes(data), (GRAPH, OK))
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """Protobuf base-128 varint of ``n`` (negative values as their 64-bit two's complement)."""
+    n &= 2**64 - 1
     out = bytearray()
     while True:
         b = n & 0x7F
@@ -263,7 +265,7 @@ def _saved_model_proto(meta_graphs: Sequence[bytes]) -> bytes:
     """``SavedModel{saved_model_schema_version: 1, meta_graphs: [...]}`` encoded by hand."""
     out = b"\x08\x01"
     for mg in meta_graphs:
-        out += b"\x12" + _varint(len(mg)) + mg
+        out += b"\x12" + varint(len(mg)) + mg
     return out
 
 
@@ -523,12 +525,12 @@ def _library(w: _Writer) -> None:
     add_node(gd, "a", "Placeholder")
     value = b""  # AttrValue{func: NameAttrList{name: "n", attr: {"k": <value>}}}, nested
     for _ in range(2000):
-        entry = b"\x0a\x01k\x12" + _varint(len(value)) + value
-        name_attr = b"\x0a\x01n\x12" + _varint(len(entry)) + entry
-        value = b"\x52" + _varint(len(name_attr)) + name_attr
-    entry = b"\x0a\x04deep\x12" + _varint(len(value)) + value
-    node = b"\x0a\x01b\x12\x04Relu\x1a\x01a" + b"\x2a" + _varint(len(entry)) + entry
-    data = gd.SerializeToString() + b"\x0a" + _varint(len(node)) + node
+        entry = b"\x0a\x01k\x12" + varint(len(value)) + value
+        name_attr = b"\x0a\x01n\x12" + varint(len(entry)) + entry
+        value = b"\x52" + varint(len(name_attr)) + name_attr
+    entry = b"\x0a\x04deep\x12" + varint(len(value)) + value
+    node = b"\x0a\x01b\x12\x04Relu\x1a\x01a" + b"\x2a" + varint(len(entry)) + entry
+    data = gd.SerializeToString() + b"\x0a" + varint(len(node)) + node
     w.file(lib, "attr_nested_2000_binary", data, (GRAPH, OK))
     text = ('node { name: "a" op: "Relu" attr { key: "f" value { func { name: "n" '
             + 'attr { key: "k" value { func { name: "n" ' * 3000 + "} } }" * 3000
