@@ -176,14 +176,13 @@ def _check_resolved(
                 f"{graph.source}: node {op.name!r} output {port} would have a negative "
                 f"dimension (shape {list(shape)})"
             )
-    if op.type == "Transpose" and len(graph.adjacency.data_in[i]) == 2 and out:
+    if op.type == "Transpose" and len(graph.adjacency.data_in[i]) == 2:
         perm = vals.get(graph.adjacency.data_in[i][1])
-        if perm is not None and out[0] is not None and len(perm[1]) == len(out[0]):
-            if sorted(perm[1]) != list(range(len(out[0]))):
-                raise GraphError(
-                    f"{graph.source}: node {op.name!r} has perm {list(perm[1])}, not a "
-                    f"permutation of its {len(out[0])} dimensions"
-                )
+        if perm is not None and sorted(perm[1]) != list(range(len(perm[1]))):
+            raise GraphError(
+                f"{graph.source}: node {op.name!r} has perm {list(perm[1])}, not a "
+                f"permutation of 0..{len(perm[1]) - 1}"
+            )
 
 
 _LIST_MAKERS = frozenset({"EmptyTensorList", "TensorListReserve"})

@@ -575,6 +575,12 @@ def _semantic(w: _Writer) -> None:
         add_node(gd, "r", "Relu", ["t"], shapes=((4, 2),))
     case("transpose_perm_out_of_range", perm_oob, GRAPH, message="perm")
 
+    def perm_rank(gd):  # the recorded output rank disagrees with the input's
+        add_node(gd, "a", "Placeholder", shapes=((2, 4),))
+        add_const(gd, "p", DT_INT32, (2,), (3, 0))
+        add_node(gd, "t", "Transpose", ["a", "p"], shapes=((4, 2, 1),))
+    case("transpose_perm_other_rank", perm_rank, GRAPH, message="perm")
+
     def empty_operands(op, n_in, out_shape=((-1,),)):
         def build(gd):
             add_const(gd, "e", DT_INT32, (0,))
