@@ -23,9 +23,16 @@ from typing import Any
 from google.protobuf import message, text_format
 from tensorboard.compat.proto import graph_pb2, types_pb2
 
-from .errors import GraphError
+from .errors import ConfigError, GraphError
 from .ir import Graph, Op, TensorSpec, op_signatures
 
+#: Largest binary GraphDef read (protobuf cannot parse messages of 2 GiB or more).
+MAX_FILE_BYTES = 2**31 - 1
+#: Largest text GraphDef read: text parsing is about 20x slower than binary.
+MAX_TEXT_BYTES = 256 * 2**20
+#: Most ops (nodes plus library function nodes) imported, unless ``max_ops`` or the
+#: environment variable ``LMS_MAX_OPS`` says otherwise; memory grows by ~2.5 KB an op.
+DEFAULT_MAX_OPS = 2_000_000
 #: Largest total size a zipped SavedModel may unpack to (guards against zip bombs).
 _MAX_UNZIPPED = 8 * 2**30
 #: Integer constants up to this many elements are decoded (shape arguments, axes, perms).
@@ -42,7 +49,8 @@ _SCALAR_ATTRS = (
 )
 
 
-def load(path: str | os.PathLike[str], *, function: str | None = None) -> Graph:
+def load(path: str | os.PathLike[str], *, function: str | None = None,
+         max_ops: int | None = None) -> Graph:
     """Load a training step from a file or directory.
 
     Parameters
@@ -53,6 +61,10 @@ def load(path: str | os.PathLike[str], *, function: str | None = None) -> Graph:
     function : str, optional
         For a SavedModel: the attribute or signature to load (default: ``train_step``
         if the model has one, else its only signature).
+    max_ops : int, optional
+        Most ops imported (default :func:`max_ops_limit`: ``$LMS_MAX_OPS`` or
+        :data:`DEFAULT_MAX_OPS`). Files are limited to :data:`MAX_FILE_BYTES` (binary)
+        and :data:`MAX_TEXT_BYTES` (text).
 
     Returns
     -------
@@ -61,27 +73,64 @@ def load(path: str | os.PathLike[str], *, function: str | None = None) -> Graph:
     Raises
     ------
     GraphError
-        If the path is missing or does not hold a usable graph; the message names it.
+        If the path is missing or does not hold a usable graph, or is over a limit; the
+        message names it.
     """
     p = pathlib.Path(path)
     if p.is_dir():
-        return _load_saved_model(p, function)
+        return _load_saved_model(p, function, max_ops)
     if not p.exists():
         raise GraphError(f"{p}: no such file or directory")
     if not p.is_file():  # a pipe or a device would block or never end
         raise GraphError(f"{p}: not a regular file (expected a GraphDef file, a SavedModel "
                          "directory or a .zip)")
     if zipfile.is_zipfile(p):
-        return _load_zipped_saved_model(p, function)
+        return _load_zipped_saved_model(p, function, max_ops)
+    text = p.suffix in (".pbtxt", ".txt", ".prototxt")
+    _check_size(p.stat().st_size, str(p), text)
     try:
         data = p.read_bytes()
     except OSError as e:
         raise GraphError(f"{p}: cannot read ({e.strerror})") from None
-    text = p.suffix in (".pbtxt", ".txt", ".prototxt")
-    return from_graphdef_bytes(data, source=str(p), text=text)
+    return from_graphdef_bytes(data, source=str(p), text=text, max_ops=max_ops)
 
 
-def from_graphdef_bytes(data: bytes, *, source: str = "<bytes>", text: bool | None = None) -> Graph:
+def max_ops_limit(max_ops: int | None = None) -> int:
+    """The op limit in force: ``max_ops``, else ``$LMS_MAX_OPS``, else the default.
+
+    Raises
+    ------
+    ConfigError
+        If ``LMS_MAX_OPS`` is not a positive integer.
+    """
+    if max_ops is not None:
+        return max_ops
+    env = os.environ.get("LMS_MAX_OPS", "").strip()
+    if not env:
+        return DEFAULT_MAX_OPS
+    if not env.isdigit() or int(env) < 1:
+        raise ConfigError(f"LMS_MAX_OPS must be a positive integer, got {env[:40]!r}")
+    return int(env)
+
+
+def _check_size(n: int, source: str, text: bool | None) -> None:
+    limit = MAX_TEXT_BYTES if text else MAX_FILE_BYTES
+    if n > limit:
+        kind = "a text GraphDef" if text else "a GraphDef"
+        hint = " (save it as binary .pb)" if text else ""
+        raise GraphError(f"{source}: {n:,} bytes is over the limit of {limit:,} for {kind}{hint}")
+
+
+def _check_count(gd: Any, source: str, max_ops: int | None) -> None:
+    limit = max_ops_limit(max_ops)
+    n = len(gd.node) + sum(len(f.node_def) for f in gd.library.function)
+    if n > limit:
+        raise GraphError(f"{source}: {n:,} ops (nodes and function bodies) is over the limit "
+                         f"of {limit:,} (set LMS_MAX_OPS to raise it)")
+
+
+def from_graphdef_bytes(data: bytes, *, source: str = "<bytes>", text: bool | None = None,
+                        max_ops: int | None = None) -> Graph:
     """Build the IR from a serialized GraphDef.
 
     Parameters
@@ -92,12 +141,21 @@ def from_graphdef_bytes(data: bytes, *, source: str = "<bytes>", text: bool | No
         Name used in messages.
     text : bool, optional
         Force text (True) or binary (False) parsing; by default binary is tried first.
+    max_ops : int, optional
+        Most ops accepted (default :func:`max_ops_limit`).
 
     Returns
     -------
     Graph
+
+    Raises
+    ------
+    GraphError
+        If the bytes are not a usable GraphDef, or exceed the size or op limits.
     """
+    _check_size(len(data), source, text)
     gd, was_text = _parse(data, source, text)
+    _check_count(gd, source, max_ops)
     if len(gd.node) == 0:
         raise GraphError(f"{source}: not a training graph: the GraphDef has no nodes")
     try:
@@ -152,6 +210,7 @@ def _parse(data: bytes, source: str, text: bool | None) -> tuple[Any, bool]:
                 raise GraphError(
                     f"{source}: not a GraphDef (corrupt or truncated protobuf)"
                 ) from None
+    _check_size(len(data), source, True)
     try:
         return text_format.Parse(data.decode("utf-8"), graph_pb2.GraphDef()), True
     except RecursionError:
@@ -446,16 +505,18 @@ def _add_shapes_with_tensorflow(gd: Any, source: str) -> Any:
     return out
 
 
-def _load_saved_model(path: pathlib.Path, function: str | None) -> Graph:
+def _load_saved_model(path: pathlib.Path, function: str | None, max_ops: int | None = None
+                      ) -> Graph:
     if not (path / "saved_model.pb").exists() and not (path / "saved_model.pbtxt").exists():
         raise GraphError(f"{path}: not a SavedModel directory (no saved_model.pb)")
     tfgraph = _tfgraph(str(path))
     with _native_stderr_silenced():
         data = tfgraph.graphdef_from_saved_model(str(path), function)
-    return from_graphdef_bytes(data, source=str(path), text=False)
+    return from_graphdef_bytes(data, source=str(path), text=False, max_ops=max_ops)
 
 
-def _load_zipped_saved_model(path: pathlib.Path, function: str | None) -> Graph:
+def _load_zipped_saved_model(path: pathlib.Path, function: str | None,
+                             max_ops: int | None = None) -> Graph:
     import zlib
 
     with tempfile.TemporaryDirectory(prefix="lms-savedmodel-") as tmp:
@@ -480,7 +541,7 @@ def _load_zipped_saved_model(path: pathlib.Path, function: str | None) -> Graph:
         if not candidates:
             raise GraphError(f"{path}: the zip archive holds no SavedModel (no saved_model.pb)")
         try:
-            graph = _load_saved_model(candidates[0], function)
+            graph = _load_saved_model(candidates[0], function, max_ops)
         except GraphError as e:  # name the archive, not the scratch directory it is gone from
             raise GraphError(str(e).replace(str(root), str(path))) from None
     return graph.replace(graph.ops, source=str(path))

@@ -39,6 +39,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent / "hostile"))
 import make_corpus  # noqa: E402
 
 import lmscore  # noqa: E402
+from lmscore import samples  # noqa: E402
 from lmscore.errors import LmsError  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -356,3 +357,46 @@ def test_tf_cases_cli(tf_corpus, tmp_path):
 @pytest.mark.slow
 def test_tf_cases_cli_rest(tf_corpus, tmp_path):
     _tf_cli(tf_corpus, tmp_path, lambda c: c.name not in TF_CLI_SAMPLE)
+
+
+# --- resource limits ------------------------------------------------------------------------
+
+
+def test_op_and_size_limits_refuse_before_building(tmp_path, monkeypatch):
+    import importlib
+
+    from lmscore.errors import ConfigError, GraphError
+
+    mlp = samples.sample_dir() / "mlp.pb"
+    assert len(lmscore.load(mlp, max_ops=307).ops) == 307
+    with pytest.raises(GraphError, match=r"mlp.pb: 307 ops \(nodes and function bodies\) is "
+                                         r"over the limit of 306 \(set LMS_MAX_OPS"):
+        lmscore.load(mlp, max_ops=306)
+    monkeypatch.setenv("LMS_MAX_OPS", "100")
+    with pytest.raises(GraphError, match="over the limit of 100"):
+        lmscore.from_graphdef_bytes(mlp.read_bytes())
+    monkeypatch.setenv("LMS_MAX_OPS", "lots")
+    with pytest.raises(ConfigError, match="LMS_MAX_OPS must be a positive integer"):
+        lmscore.load(mlp)
+    monkeypatch.delenv("LMS_MAX_OPS")
+    # text GraphDefs: the limit is checked on the file's size, before it is read
+    text = tmp_path / "g.pbtxt"
+    text.write_text('node { name: "x" op: "Placeholder" }\n' * 40)
+    load_mod = importlib.import_module("lmscore.load")  # the module, not lmscore.load()
+    monkeypatch.setattr(load_mod, "MAX_TEXT_BYTES", 1000)
+    with pytest.raises(GraphError, match=r"g.pbtxt: 1,480 bytes is over the limit of 1,000 for "
+                                         r"a text GraphDef \(save it as binary .pb\)"):
+        lmscore.load(text)
+    monkeypatch.setattr(load_mod, "MAX_FILE_BYTES", 1000)
+    with pytest.raises(GraphError, match="over the limit of 1,000 for a GraphDef$"):
+        lmscore.load(mlp)
+
+
+def test_the_cli_names_the_op_limit(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LMS_MAX_OPS": "50"}
+    r = subprocess.run([sys.executable, "-m", "lmscore.cli", "inspect", "mlp"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=60, env=env)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        f"lms: error: {samples.sample_dir() / 'mlp.pb'}: 307 ops (nodes and function "
+        "bodies) is over the limit of 50 (set LMS_MAX_OPS to raise it)"]
