@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import logging
 import os
 import pathlib
 import shutil
@@ -50,6 +51,9 @@ def create_app(
     *,
     upload_cap_bytes: int = DEFAULT_UPLOAD_CAP,
     data_dir: str | os.PathLike[str] | None = None,
+    max_jobs: int = state.DEFAULT_MAX_JOBS,
+    job_wait: float = state.DEFAULT_JOB_WAIT,
+    max_ops: int = state.DEFAULT_SERVER_MAX_OPS,
 ) -> dash.Dash:
     """Build the Dash app with ``initial_graph`` loaded.
 
@@ -64,6 +68,13 @@ def create_app(
         Largest graph or plan file accepted from the browser.
     data_dir : path-like, optional
         Where plans and uploaded graphs are kept (default ``~/.local/share/lms``).
+    max_jobs : int
+        Heavy computations (loading, simulating, tuning, exporting) run at once; further
+        requests wait for a slot.
+    job_wait : float
+        Seconds a request waits for a slot before it is refused as "server busy".
+    max_ops : int
+        Largest graph loaded, in ops; the graph and result caches hold twice that at most.
 
     Returns
     -------
@@ -75,7 +86,8 @@ def create_app(
         If the initial graph cannot be loaded.
     """
     ctx = state.new_context(initial_graph, batch_size, upload_cap_bytes=upload_cap_bytes,
-                            data_dir=data_dir)
+                            data_dir=data_dir, max_jobs=max_jobs, job_wait=job_wait,
+                            max_ops=max_ops)
     app = dash.Dash(
         __name__, title="lms studio", update_title=None, assets_folder=str(assets_dir()),
         background_callback_manager=_background_manager(ctx.jobs_dir),
@@ -90,7 +102,27 @@ def create_app(
 
     app.layout = page
     callbacks.register(app, ctx)
+    app.server.register_error_handler(Exception, _request_error)
     return app
+
+
+def _request_error(exc: Exception) -> Any:
+    """A request the app cannot make sense of: one log line and a 400, not a traceback.
+
+    Callbacks catch their own errors (:func:`lmsviz.callbacks.internal_error`); what
+    reaches this handler is a malformed request to Dash's callback endpoint (not JSON, no
+    such callback, the wrong shape). Anything else keeps Flask's 500 and its traceback.
+    """
+    import flask
+    from werkzeug.exceptions import BadRequest, HTTPException
+
+    if isinstance(exc, HTTPException):
+        return exc
+    if flask.request.path.endswith("/_dash-update-component"):
+        why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        logging.getLogger("lmsviz").warning("malformed callback request refused (%s)", why)
+        return BadRequest(f"malformed callback request ({why})")
+    raise exc
 
 
 def run(host: str = "127.0.0.1", port: int = 8050, debug: bool = False, **kwargs: Any) -> None:
@@ -125,11 +157,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--debug", action="store_true", help="Dash debug mode")
     p.add_argument("--upload-cap", default="512MiB", help="largest upload (512MiB)")
     p.add_argument("--data-dir", default=None, help="plans and uploads (~/.local/share/lms)")
+    p.add_argument("--max-jobs", type=int, default=state.DEFAULT_MAX_JOBS,
+                   help=f"heavy computations at once ({state.DEFAULT_MAX_JOBS})")
+    p.add_argument("--job-wait", type=float, default=state.DEFAULT_JOB_WAIT,
+                   help=f"seconds a request waits for a free slot ({state.DEFAULT_JOB_WAIT:g})")
+    p.add_argument("--max-ops", type=int, default=state.DEFAULT_SERVER_MAX_OPS,
+                   help=f"largest graph loaded, in ops ({state.DEFAULT_SERVER_MAX_OPS:,})")
     args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO,
+                        format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
     try:
         run(host=args.host, port=args.port, debug=args.debug, initial_graph=args.file,
             batch_size=args.batch_size, upload_cap_bytes=parse_bytes(args.upload_cap),
-            data_dir=args.data_dir)
+            data_dir=args.data_dir, max_jobs=args.max_jobs, job_wait=args.job_wait,
+            max_ops=args.max_ops)
     except LmsError as e:
         print(f"lms: error: {e}", file=sys.stderr)
         return 2

@@ -25,6 +25,7 @@ import hashlib
 import importlib
 import inspect
 import io
+import logging
 import pathlib
 import time
 import zipfile
@@ -60,6 +61,7 @@ from . import figures
 from .state import (
     AppContext,
     LoadedGraph,
+    ServerBusy,
     accept_upload,
     budget_text,
     default_settings,
@@ -69,6 +71,8 @@ from .state import (
     presets,
     sample_options,
 )
+
+_log = logging.getLogger("lmsviz")
 
 #: Largest batch size accepted from the form.
 MAX_BATCH = 1 << 20
@@ -136,7 +140,8 @@ def base_of(app: AppContext, loaded: LoadedGraph, batch: int, workspace: str = "
         return Base(loaded, batch, workspace, sizes, sim, table,
                     figures.op_positions(ordering.levels, ordering.categories), buffers)
 
-    return app.results.get_or_compute(("base", loaded.key, batch, workspace), compute)
+    return app.compute(("base", loaded.key, batch, workspace), compute,
+                       f"simulating {loaded.name} at batch {batch}", len(loaded.graph.ops))
 
 
 def plan_digest(plan_json: str | None) -> str:
@@ -161,7 +166,7 @@ def plan_of(app: AppContext, loaded: LoadedGraph, plan_json: str | None) -> Plan
         check_plan(loaded.graph, plan)
         return plan
 
-    return app.results.get_or_compute(("plan", loaded.key, digest), compute)
+    return app.compute(("plan", loaded.key, digest), compute, "checking the plan")
 
 
 def after_of(app: AppContext, base: Base, plan: Plan, digest: str | None = None
@@ -182,8 +187,8 @@ def after_of(app: AppContext, base: Base, plan: Plan, digest: str | None = None
         swap_bytes = sum(b.bytes for b in sim.buffers if b.host)
         return After(plan, rw, sim, device, host, peak_level, swap_bytes)
 
-    return app.results.get_or_compute(
-        ("after", base.loaded.key, base.batch, base.workspace, digest), compute)
+    return app.compute(("after", base.loaded.key, base.batch, base.workspace, digest), compute,
+                       "simulating the plan", len(base.loaded.graph.ops))
 
 
 def project_to_original_levels(
@@ -632,7 +637,7 @@ def render(app: AppContext, session: dict[str, Any], *, full: bool = True,
     message = None
     try:
         plan = plan_of(app, loaded, plan_data.get("json"))
-    except LmsError as e:
+    except PlanError as e:
         plan = empty_plan(loaded.graph)
         message = f"the stored plan does not fit this graph and was ignored: {e}"
     after = after_of(app, base, plan, plan_digest(plan_data.get("json")) if not message else None)
@@ -862,7 +867,8 @@ def run_tune(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, Any
                                   "link": settings.get("link", "pcie3"), "progress": report}
         if "workspace" in inspect.signature(tuner.tune).parameters:
             kwargs["workspace"] = settings.get("workspace", "cpu")
-        res = tuner.tune(loaded.graph, batch, budget, **kwargs)
+        with app.slots.slot("auto-tune"):
+            res = tuner.tune(loaded.graph, batch, budget, **kwargs)
     except LmsError as e:
         return {"error": str(e)}
     return {
@@ -899,8 +905,9 @@ def export_bundle(app: AppContext, graph_ref: dict[str, Any], plan_data: dict[st
 
     loaded = app.resolve(graph_ref)
     plan = plan_of(app, loaded, plan_data.get("json"))
-    rw = rewrite(loaded.graph, plan)
-    pb = to_graphdef(rw.graph, device=device or "/GPU:0", host=host or "/CPU:0")
+    with app.slots.slot("export"):
+        rw = rewrite(loaded.graph, plan)
+        pb = to_graphdef(rw.graph, device=device or "/GPU:0", host=host or "/CPU:0")
     stem = _stem(loaded.name)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
@@ -1076,8 +1083,12 @@ def register(app: dash.Dash, state: AppContext) -> None:
         plan, view = args[len(names):]
         session = {"graph": values["st-graph"], "settings": values["st-settings"],
                    "plan": plan, "view": view}
-        up = control(state, ctx.triggered_id if isinstance(ctx.triggered_id, str) else None,
-                     values, session)
+        trigger = ctx.triggered_id if isinstance(ctx.triggered_id, str) else None
+        try:
+            up = control(state, trigger, values, session)
+        except Exception as e:  # noqa: BLE001 - a bug must not leave the page without an answer
+            return (*[no_update] * 4, internal_error(trigger or "this action", e),
+                    "message error", *[no_update] * (4 + len(_CONTROLS)))
         return _outputs(up, session)
 
     @app.callback(
@@ -1101,8 +1112,12 @@ def register(app: dash.Dash, state: AppContext) -> None:
         only_view = {t["prop_id"].split(".")[0] for t in ctx.triggered} == {"st-view"}
         try:
             r = render(state, session, full=full, data=not only_view)
+        except ServerBusy as e:
+            return (*([no_update] * 9), str(e), "message error")
         except LmsError as e:
             return (*([no_update] * 9), f"cannot show this graph: {e}", "message error")
+        except Exception as e:  # noqa: BLE001 - a bug must not leave the page without an answer
+            return (*([no_update] * 9), internal_error("drawing", e), "message error")
         msg = (r.message, "message error") if r.message else (no_update, no_update)
         return (r.figure, r.note, r.summary, r.rows, r.row_styles, r.caption, r.editor,
                 r.groups, r.rendered, *msg)
@@ -1121,6 +1136,8 @@ def register(app: dash.Dash, state: AppContext) -> None:
                                        host or "/CPU:0")
         except LmsError as e:
             return no_update, f"export failed: {e}", "message error"
+        except Exception as e:  # noqa: BLE001
+            return no_update, internal_error("export", e), "message error"
         return (dcc.send_bytes(data, name), f"exported {name} (rewritten graph and plan)",
                 "message ok")
 
@@ -1132,7 +1149,9 @@ def register(app: dash.Dash, state: AppContext) -> None:
     def _save_plan(_n: Any, graph: Any, plan: Any) -> Any:
         try:
             name, text = plan_download(state, graph, plan or {})
-        except LmsError:
+        except Exception as e:  # noqa: BLE001 - nothing to download; the log says why
+            if not isinstance(e, LmsError):
+                internal_error("plan download", e)
             return no_update
         return {"content": text, "filename": name, "type": "application/json"}
 
@@ -1176,6 +1195,14 @@ def register(app: dash.Dash, state: AppContext) -> None:
         except Exception as e:  # noqa: BLE001 - a failing tuner must not leave the UI stuck
             return {"error": f"the tuner failed: {type(e).__name__}: {e}"}
 
+
+
+def internal_error(action: str, exc: BaseException) -> str:
+    """Log an unexpected exception with its traceback; the one line the page shows."""
+    _log.error("internal error in %s", action, exc_info=exc)
+    first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+    return (f"internal error in {action}: {type(exc).__name__}{': ' + first if first else ''}"
+            " (the server keeps running; the traceback is in its log)")
 
 
 def _outputs(up: Update, session: dict[str, Any]) -> tuple[Any, ...]:

@@ -19,6 +19,8 @@ Uploaded files are only ever parsed as protobufs (or, for a zip, as a SavedModel
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib
 import os
@@ -26,9 +28,10 @@ import pathlib
 import re
 import tempfile
 import threading
+import time
 import zipfile
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -54,6 +57,90 @@ DEFAULT_KNOBS = {"threshold": 5, "ahead": 1, "groupby": 5, "sync_mode": 0}
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
+#: Heavy computations (parsing, simulating, rewriting, tuning) the server runs at once.
+DEFAULT_MAX_JOBS = 2
+#: Largest graph the server loads (ops); a 1M-op graph takes ~2.5 GB while analysed.
+DEFAULT_SERVER_MAX_OPS = 1_000_000
+#: How long a heavy request waits for a free slot before it is refused.
+DEFAULT_JOB_WAIT = 60.0
+
+
+class ServerBusy(LmsError):
+    """Every slot for heavy work stayed taken for longer than the wait allowed."""
+
+
+class WorkSlots:
+    """At most ``n`` heavy computations at once, across threads and processes.
+
+    A slot is an exclusive ``flock`` on one of ``n`` files in ``directory``: the tuner's
+    background jobs run in child processes and must share the bound with the request
+    threads, and the kernel drops the lock of a job that dies, so a killed job never keeps
+    a slot. A thread that holds a slot may nest further heavy calls without a second one.
+    """
+
+    def __init__(self, directory: pathlib.Path, n: int, wait_seconds: float) -> None:
+        if n < 1:
+            raise ConfigError(f"the number of concurrent jobs must be positive, got {n}")
+        self.paths = [directory / f"slot-{k}.lock" for k in range(n)]
+        self.wait_seconds = wait_seconds
+        self._held = threading.local()
+
+    @contextlib.contextmanager
+    def slot(self, what: str = "this request") -> Iterator[None]:
+        """Hold a slot while the block runs.
+
+        Raises
+        ------
+        ServerBusy
+            If no slot frees up within ``wait_seconds``.
+        """
+        if getattr(self._held, "depth", 0):
+            self._held.depth += 1
+            try:
+                yield
+            finally:
+                self._held.depth -= 1
+            return
+        fd = self._acquire(what)
+        self._held.depth = 1
+        try:
+            yield
+        finally:
+            self._held.depth = 0
+            os.close(fd)  # closing the descriptor releases its lock
+
+    def _acquire(self, what: str) -> int:
+        deadline = time.monotonic() + self.wait_seconds
+        delay = 0.005
+        while True:
+            for path in self.paths:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                return fd
+            if time.monotonic() >= deadline:
+                raise ServerBusy(f"the server is busy ({len(self.paths)} heavy jobs running); "
+                                 f"{what} waited {self.wait_seconds:g} s: try again")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    def busy(self) -> int:
+        """How many slots are taken right now (by any thread or process)."""
+        taken = 0
+        for path in self.paths:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                taken += 1
+            finally:
+                os.close(fd)
+        return taken
+
+
 def default_data_dir() -> pathlib.Path:
     """``$XDG_DATA_HOME/lms`` (``~/.local/share/lms``)."""
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local",
@@ -62,15 +149,19 @@ def default_data_dir() -> pathlib.Path:
 
 
 class BoundedCache:
-    """A least-recently-used mapping with at most ``maxsize`` entries.
+    """A least-recently-used mapping bounded in entries and in total weight.
 
-    Values must be treated as read-only by callers: they are shared by every session
-    that asks for the same key.
+    The weight of an entry is what the caller says it costs (the server uses op counts,
+    which memory follows); the newest entry is always kept, whatever its weight. Values
+    must be treated as read-only by callers: they are shared by every session that asks
+    for the same key.
     """
 
-    def __init__(self, maxsize: int) -> None:
+    def __init__(self, maxsize: int, max_weight: int | None = None) -> None:
         self.maxsize = maxsize
-        self._data: OrderedDict[Hashable, Any] = OrderedDict()
+        self.max_weight = max_weight
+        self._data: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._weight = 0
         self._lock = threading.Lock()
         # a background job forks the server; a lock held by another thread at that moment
         # would stay held forever in the child
@@ -85,23 +176,34 @@ class BoundedCache:
             if key not in self._data:
                 return None
             self._data.move_to_end(key)
-            return self._data[key]
+            return self._data[key][0]
 
-    def put(self, key: Hashable, value: Any) -> None:
-        """Store ``value``, evicting the least recently used entries beyond the bound."""
+    def put(self, key: Hashable, value: Any, weight: int = 1) -> None:
+        """Store ``value``, evicting the least recently used entries beyond the bounds."""
         with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self.maxsize:
-                self._data.popitem(last=False)
+            old = self._data.pop(key, None)
+            if old is not None:
+                self._weight -= old[1]
+            self._data[key] = (value, weight)
+            self._weight += weight
+            while len(self._data) > 1 and (
+                    len(self._data) > self.maxsize
+                    or (self.max_weight is not None and self._weight > self.max_weight)):
+                _, (_, w) = self._data.popitem(last=False)
+                self._weight -= w
 
-    def get_or_compute(self, key: Hashable, compute: Callable[[], T]) -> T:
+    def get_or_compute(self, key: Hashable, compute: Callable[[], T], weight: int = 1) -> T:
         """The cached value, or ``compute()`` stored under ``key``."""
         value = self.get(key)
         if value is None:
             value = compute()
-            self.put(key, value)
+            self.put(key, value, weight)
         return value
+
+    @property
+    def weight(self) -> int:
+        """Total weight of the entries."""
+        return self._weight
 
     def __len__(self) -> int:
         return len(self._data)
@@ -168,7 +270,11 @@ class AppContext:
     max_points : int
         Ordering-view points above which the view aggregates.
     jobs_dir : pathlib.Path
-        Directory of the background-job cache.
+        Directory of the background-job cache and of the work slots' lock files.
+    max_ops : int
+        Largest graph (in ops) the server loads.
+    slots : WorkSlots
+        The bound on concurrent heavy work.
     """
 
     data_dir: pathlib.Path
@@ -180,6 +286,22 @@ class AppContext:
     results: BoundedCache
     max_points: int
     jobs_dir: pathlib.Path
+    slots: WorkSlots
+    max_ops: int
+
+    def compute(self, key: Hashable, fn: Callable[[], T], what: str, weight: int = 1) -> T:
+        """A cached result, or ``fn()`` run in a work slot and cached under ``key``.
+
+        Raises
+        ------
+        ServerBusy
+            If no work slot frees up in time.
+        """
+        hit = self.results.get(key)
+        if hit is not None:
+            return hit
+        with self.slots.slot(what):
+            return self.results.get_or_compute(key, fn, weight)
 
     # --- graphs -------------------------------------------------------------------------
 
@@ -248,6 +370,9 @@ def new_context(
     max_graphs: int = 4,
     max_results: int = 16,
     max_points: int = 20_000,
+    max_jobs: int = DEFAULT_MAX_JOBS,
+    job_wait: float = DEFAULT_JOB_WAIT,
+    max_ops: int = DEFAULT_SERVER_MAX_OPS,
 ) -> AppContext:
     """Make the server state and load the initial graph.
 
@@ -260,6 +385,16 @@ def new_context(
     upload_cap_bytes : int
     data_dir : path-like, optional
         Default: :func:`default_data_dir`.
+    max_graphs, max_results : int
+        Bounds of the graph and result caches.
+    max_points : int
+        Ordering-view points above which the view aggregates.
+    max_jobs : int
+        Heavy computations run at once (:class:`WorkSlots`).
+    job_wait : float
+        Seconds a heavy request waits for a slot before it is refused.
+    max_ops : int
+        Largest graph accepted (ops); the caches hold at most twice that many ops each.
 
     Raises
     ------
@@ -268,14 +403,17 @@ def new_context(
     """
     if upload_cap_bytes <= 0:
         raise ConfigError(f"upload cap must be positive, got {upload_cap_bytes}")
+    if max_ops < 1:
+        raise ConfigError(f"the op limit must be positive, got {max_ops}")
     if batch_size is not None and batch_size < 1:
         raise ConfigError(f"batch size must be positive, got {batch_size}")
     root = pathlib.Path(data_dir) if data_dir is not None else default_data_dir()
+    jobs_dir = pathlib.Path(tempfile.mkdtemp(prefix="lms-jobs-"))
     ctx = AppContext(
         data_dir=root, upload_cap_bytes=upload_cap_bytes, initial=None,  # type: ignore[arg-type]
-        initial_batch=1, initial_file=None, graphs=BoundedCache(max_graphs),
-        results=BoundedCache(max_results), max_points=max_points,
-        jobs_dir=pathlib.Path(tempfile.mkdtemp(prefix="lms-jobs-")),
+        initial_batch=1, initial_file=None, graphs=BoundedCache(max_graphs, 2 * max_ops),
+        results=BoundedCache(max_results, 2 * max_ops), max_points=max_points, max_ops=max_ops,
+        jobs_dir=jobs_dir, slots=WorkSlots(jobs_dir, max_jobs, job_wait),
     )
     name = initial_graph or DEFAULT_SAMPLE
     if sample_entry(name) is not None and not pathlib.Path(name).exists():
@@ -332,11 +470,12 @@ def load_sample(ctx: AppContext, name: str) -> LoadedGraph:
 def load_file(ctx: AppContext, path: pathlib.Path) -> LoadedGraph:
     """Load the graph named on the command line (a file, or a SavedModel directory)."""
     if path.is_dir():
-        graph = lmscore.load(path)
+        with ctx.slots.slot(f"loading {path.name}"):
+            graph = lmscore.load(path, max_ops=ctx.max_ops)
+            lmscore.order(graph)
         h = hashlib.sha256(graph.graphdef or repr(graph.ops).encode()).hexdigest()
         loaded = LoadedGraph(h, path.name, "file", graph, None)
-        lmscore.order(graph)
-        ctx.graphs.put(h, loaded)
+        ctx.graphs.put(h, loaded, len(graph.ops))
         return loaded
     return _cache_graph(ctx, _read(path), path.name, "file", None)
 
@@ -359,22 +498,23 @@ def _cache_graph(
     if hit is not None:
         # same bytes, maybe under another name: share the graph, keep this session's label
         return LoadedGraph(key, name, origin, hit.graph, default_batch)
-    graph = _parse(data, name, ctx.upload_cap_bytes)
-    lmscore.order(graph)  # refuses cycles now rather than at the first render
+    with ctx.slots.slot(f"loading {name}"):
+        graph = _parse(data, name, ctx.upload_cap_bytes, ctx.max_ops)
+        lmscore.order(graph)  # refuses cycles now rather than at the first render
     loaded = LoadedGraph(key, name, origin, graph, default_batch)
-    ctx.graphs.put(key, loaded)
+    ctx.graphs.put(key, loaded, len(graph.ops))
     return loaded
 
 
-def _parse(data: bytes, name: str, cap: int) -> Graph:
+def _parse(data: bytes, name: str, cap: int, max_ops: int) -> Graph:
     suffix = pathlib.Path(name).suffix.lower()
     if data[:4] == b"PK\x03\x04" or suffix == ".zip":
-        return _load_zip(data, name, cap)
+        return _load_zip(data, name, cap, max_ops)
     text = True if suffix in _TEXT_SUFFIXES else None
-    return lmscore.from_graphdef_bytes(data, source=name, text=text)
+    return lmscore.from_graphdef_bytes(data, source=name, text=text, max_ops=max_ops)
 
 
-def _load_zip(data: bytes, name: str, cap: int) -> Graph:
+def _load_zip(data: bytes, name: str, cap: int, max_ops: int) -> Graph:
     """A zipped SavedModel, read by :func:`lmscore.load` from a temporary file."""
     with tempfile.TemporaryDirectory(prefix="lms-upload-") as tmp:
         path = pathlib.Path(tmp) / "upload.zip"
@@ -387,7 +527,7 @@ def _load_zip(data: bytes, name: str, cap: int) -> Graph:
         if total > ZIP_EXPANSION * cap:
             raise GraphError(f"{name}: the archive unpacks to {format_bytes(total)}, more than "
                              f"{ZIP_EXPANSION}x the upload limit")
-        graph = lmscore.load(path)
+        graph = lmscore.load(path, max_ops=max_ops)
     return graph.replace(graph.ops, source=name)
 
 

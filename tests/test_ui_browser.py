@@ -13,17 +13,16 @@ import io
 import os
 import pathlib
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import zipfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from dash_client import Server
 
 from lmscore import samples
 from lmsviz import figures
@@ -62,43 +61,20 @@ from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(scope="module")
+def app_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = Server(tmp_path_factory.mktemp("lms-data"), "mlp", "--upload-cap", UPLOAD_CAP)
+    try:
+        srv.start()
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    yield srv
+    srv.stop()
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
-    data = tmp_path_factory.mktemp("lms-data")
-    log = open(data / "server.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lmsviz", "mlp", "--port", str(port), "--data-dir", str(data),
-         "--upload-cap", UPLOAD_CAP],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            log.close()
-            pytest.fail(f"the app did not start: {(data / 'server.log').read_text()[-2000:]}")
-        time.sleep(0.3)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+def server(app_server: Server) -> str:
+    return app_server.url + "/"
 
 
 @pytest.fixture(scope="module")
@@ -206,6 +182,17 @@ def test_upload_a_graph_and_toggle_a_hotspot(browser: Any) -> None:
     assert text(browser, "sum-after") == "no plan"
     before = trace_len(browser, figures.T_AFTER)
     # toggle the first hotspot whose swap the plan accepts
+    toggle_a_hotspot(browser)
+    wait(browser, lambda: trace_len(browser, figures.T_AFTER) > before, msg="after curve")
+    wait(browser, lambda: text(browser, "sum-after") != "no plan", msg="peak after")
+    assert "1 tensors" in text(browser, "sum-swapped")
+    wait(browser, lambda: any("☑" in c.text for c in browser.find_elements(
+        By.CSS_SELECTOR, '#hotspots td[data-dash-column="swap"]')), msg="the row is ticked")
+    shot(browser, "02-hotspot-toggled.png")
+
+
+def toggle_a_hotspot(browser: Any) -> None:
+    """Tick the first hotspot the app agrees to swap."""
     for k in range(20):
         cells = [c for c in browser.find_elements(
             By.CSS_SELECTOR, '#hotspots td[data-dash-column="swap"]') if "☐" in c.text]
@@ -217,13 +204,7 @@ def test_upload_a_graph_and_toggle_a_hotspot(browser: Any) -> None:
              msg="the toggle answers")
         if "swapped;" in text(browser, "message"):
             break
-    assert "swapped;" in text(browser, "message"), text(browser, "message")
-    wait(browser, lambda: trace_len(browser, figures.T_AFTER) > before, msg="after curve")
-    wait(browser, lambda: text(browser, "sum-after") != "no plan", msg="peak after")
-    assert "1 tensors" in text(browser, "sum-swapped")
-    wait(browser, lambda: any("☑" in c.text for c in browser.find_elements(
-        By.CSS_SELECTOR, '#hotspots td[data-dash-column="swap"]')), msg="the row is ticked")
-    shot(browser, "02-hotspot-toggled.png")
+    assert "swapped;" in text(browser, "message"), (k, len(cells), text(browser, "message"))
 
 
 POINT_XY = """
@@ -349,3 +330,31 @@ def test_a_reload_keeps_the_work_and_another_tab_does_not_see_it(browser: Any, s
     browser.switch_to.window(first)
     assert "lstm.pb" in text(browser, "sum-graph")
     assert not severe_logs(browser)
+
+
+def apply_knobs(browser: Any, threshold: int, swaps: int) -> str:
+    """Set the threshold knob, apply, wait for ``swaps`` swapped tensors in the summary."""
+    type_into(browser, "knob-threshold", str(threshold))
+    browser.find_element(By.ID, "knobs-apply").click()
+    message_with(browser, f"knobs applied: {swaps} tensors swapped")
+    wait(browser, lambda: text(browser, "sum-swapped").startswith(f"{swaps} tensors"),
+         msg=f"{swaps} swaps drawn")
+    return text(browser, "sum-swapped")
+
+
+def test_the_server_killed_mid_edit_comes_back_with_the_edits(browser: Any, app_server: Server
+                                                              ) -> None:
+    # lstm at batch 8: threshold 3 swaps 9 tensors
+    swapped = apply_knobs(browser, 3, 9)
+    after = text(browser, "sum-after")
+    app_server.kill()  # SIGKILL right after the edit
+    app_server.start()
+    browser.refresh()
+    wait(browser, lambda: "lstm.pb" in text(browser, "sum-graph")
+         and "batch 8" in text(browser, "sum-graph"), msg="graph back after the restart")
+    wait(browser, lambda: text(browser, "sum-swapped") == swapped, msg="the edits are back")
+    assert text(browser, "sum-after") == after
+    assert browser.find_element(By.ID, "knob-threshold").get_attribute("value") == "3"
+    shot(browser, "07-after-restart.png")
+    type_into(browser, "batch", "4")  # and editing goes on
+    wait(browser, lambda: "batch 4" in text(browser, "sum-graph"), msg="batch 4 applied")
