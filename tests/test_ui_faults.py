@@ -270,7 +270,7 @@ def test_the_server_killed_while_editing_comes_back_with_the_edits(tmp_path: pat
         tab.act("batch", "value", 8)
         tab.act("knobs-apply", "n_clicks", 1)
         rows = tab.props["hotspots"]["data"]
-        free = next(r["tensor"] for r in rows if r["swap"] == callbacks.SWAP_OFF)
+        free = next(r["id"] for r in rows if r["swap"] == callbacks.SWAP_OFF)
         status, _ = _toggle(tab, free)
         assert status == 200 and tab.message().startswith(f"{free} swapped")
         plan = plan_from_json(tab.store("st-plan")["json"])
@@ -319,13 +319,16 @@ def run_session(url: str, k: int, results: dict[int, Any]) -> None:
         statuses.append(s.act("knobs-apply", "n_clicks", 1)[0])
         knob_plan = s.store("st-plan")["json"]
         rows = s.props["hotspots"]["data"]
-        free = [r["tensor"] for r in rows if r["swap"] == callbacks.SWAP_OFF]
+        free = [r["id"] for r in rows if r["swap"] == callbacks.SWAP_OFF]
+        toggle_message = ""
         if free:
             statuses.append(_toggle(s, free[0])[0])
+            toggle_message = s.message()
         results[k] = {"name": name, "batch": batch, "threshold": 2 + k % 4, "statuses":
                       statuses, "graph": s.store("st-graph"), "knob_plan": knob_plan,
                       "plan": s.store("st-plan")["json"], "toggled": free[:1],
-                      "summary": s.text("sum-graph"), "latencies": s.latencies}
+                      "toggle_message": toggle_message, "summary": s.text("sum-graph"),
+                      "latencies": s.latencies}
     except Exception as e:  # noqa: BLE001 - reported by the test
         results[k] = {"error": f"{type(e).__name__}: {e}"}
 
@@ -352,6 +355,8 @@ def test_concurrent_sessions_do_not_leak_into_each_other(server: Server, n: int)
         expected = plan_from_params(g, r["batch"], threshold=r["threshold"], ahead=1,
                                     groupby=5, sync_mode=0)
         assert plan_from_json(r["knob_plan"]) == expected
+        if r["toggled"]:
+            assert r["toggle_message"].startswith(f"{r['toggled'][0]} swapped"), r
         plan = plan_from_json(r["plan"])
         check_plan(g, plan)
         assert set(plan.swapped()) == set(expected.swapped()) | set(r["toggled"])
