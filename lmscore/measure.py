@@ -940,6 +940,47 @@ def _peaks(allocations: Iterable[Allocation]) -> dict[str, int]:
     return peaks
 
 
+#: Op types that reach outside the graph: files, checkpoints, summaries, readers and
+#: datasets over files, Python callbacks, debugger sinks. A training step has none; a graph
+#: that has them is not run, so validating a file never reads or writes others.
+SIDE_EFFECT_OPS = frozenset({
+    "ReadFile", "WriteFile", "MatchingFiles", "ImmutableConst", "Save", "SaveV2",
+    "SaveSlices", "Restore", "RestoreV2", "RestoreSlice", "MergeV2Checkpoints",
+    "LoadAndRemapMatrix", "PyFunc", "PyFuncStateless", "EagerPyFunc",
+    "InitializeTableFromTextFile", "InitializeTableFromTextFileV2",
+    "CreateSummaryFileWriter", "CreateSummaryDbWriter", "WriteSummary", "WriteScalarSummary",
+    "WriteHistogramSummary", "WriteImageSummary", "WriteAudioSummary", "WriteGraphSummary",
+    "WriteRawProtoSummary", "FlushSummaryWriter", "ImportEvent",
+    "WholeFileReader", "WholeFileReaderV2", "TextLineReader", "TextLineReaderV2",
+    "TFRecordReader", "TFRecordReaderV2", "FixedLengthRecordReader",
+    "FixedLengthRecordReaderV2", "LMDBReader",
+    "TFRecordDataset", "TFRecordDatasetV2", "TextLineDataset", "FixedLengthRecordDataset",
+    "FixedLengthRecordDatasetV2", "SnapshotDataset", "SnapshotDatasetV2", "SaveDataset",
+    "SaveDatasetV2", "LoadDataset", "CacheDataset", "CacheDatasetV2",
+    "MatchingFilesDataset", "ExperimentalMatchingFilesDataset", "ExperimentalLMDBDataset",
+    "DebugIdentity", "DebugIdentityV2", "DebugIdentityV3", "DebugNanCount",
+    "DebugNumericSummary", "DebugNumericSummaryV2",
+})
+
+
+def refuse_side_effects(gdef: graph_pb2.GraphDef) -> None:
+    """Refuse to run a graph whose ops (or library functions' ops) reach outside it.
+
+    Raises
+    ------
+    RunError
+        Naming the first such node, its op type and its function, if any.
+    """
+    places = [("", gdef.node)] + [(f" in function {f.signature.name!r}", f.node_def)
+                                  for f in gdef.library.function]
+    for where, nodes in places:
+        for node in nodes:
+            stream = node.attr["output_stream"].s if "output_stream" in node.attr else b""
+            if node.op in SIDE_EFFECT_OPS or stream.startswith(b"file://"):
+                raise RunError(f"node {node.name!r}{where} is a {node.op}, which reads or "
+                               "writes outside the graph: refusing to run it")
+
+
 def measure(
     graph_def: bytes | graph_pb2.GraphDef,
     batch_size: int,
@@ -1047,6 +1088,7 @@ def measure(
     traced = trace_step % steps
 
     gdef = _parse(graph_def)
+    refuse_side_effects(gdef)
     plan = _plan(gdef, batch_size)
     variables, inputs, sinks = plan.variables, plan.inputs, plan.sinks
     original_names = [n.name for n in gdef.node]

@@ -284,3 +284,43 @@ def test_lstm_with_while_loops():
     assert {a.node for a in result.allocations} <= names
     whiles = {n.name for n in gdef.node if n.op in ("While", "StatelessWhile")}
     assert whiles & {a.node for a in result.allocations}
+
+
+@pytest.mark.parametrize("kind", ["write", "read", "py_function", "print_to_file", "nested"])
+def test_graphs_that_reach_outside_are_not_run(tmp_path, kind):
+    target = tmp_path / "written.txt"
+    secret = tmp_path / "secret.txt"
+    secret.write_text("42")
+    called = []
+
+    def spy(x):
+        called.append(1)
+        return x
+
+    def body(x):
+        if kind == "write":
+            tf.io.write_file(str(target), tf.strings.as_string(tf.reduce_sum(x)))
+        elif kind == "read":
+            x = x + tf.strings.to_number(tf.io.read_file(str(secret)))
+        elif kind == "py_function":
+            x = tf.py_function(spy, [x], tf.float32)
+        elif kind == "print_to_file":
+            tf.print(x, output_stream=f"file://{target}")
+        return tf.reduce_sum(x * 2.0)
+
+    inner = tf.function(body)
+
+    @tf.function
+    def step(x):
+        return inner(x) if kind == "nested" else body(x)
+
+    if kind == "nested":
+        kind = "write"
+    gdef = step.get_concrete_function(tf.TensorSpec([None, 4])).graph.as_graph_def(
+        add_shapes=True)
+    expected = {"write": "WriteFile", "read": "ReadFile", "py_function": "EagerPyFunc",
+                "print_to_file": "PrintV2"}[kind]
+    with pytest.raises(RunError, match=rf"is a {expected}, which reads or writes outside the "
+                                       r"graph: refusing to run it$"):
+        measure(gdef.SerializeToString(), 2)
+    assert not target.exists() and not called
