@@ -400,3 +400,47 @@ def test_the_cli_names_the_op_limit(tmp_path):
     assert r.stderr.splitlines() == [
         f"lms: error: {samples.sample_dir() / 'mlp.pb'}: 307 ops (nodes and function "
         "bodies) is over the limit of 50 (set LMS_MAX_OPS to raise it)"]
+
+
+# --- no code execution ----------------------------------------------------------------------
+
+
+@pytest.mark.tf
+def test_code_stored_in_a_model_never_runs(tmp_path):
+    """A Keras file with a Lambda layer and a SavedModel calling Python: nothing runs."""
+    keras = pytest.importorskip("keras")
+    tf = pytest.importorskip("tensorflow")
+    from lmscore.errors import GraphError, RunError
+    from lmscore.validate import validate
+
+    marker = tmp_path / "ran.txt"
+
+    def side_effect(x):
+        marker.write_text("ran")
+        return x
+
+    model = keras.Sequential([keras.Input((4,)),
+                              keras.layers.Lambda(lambda x: x * 2.0), keras.layers.Dense(2)])
+    model.save(tmp_path / "lambda.keras")
+    with pytest.raises(GraphError, match="lambda.keras: the zip archive holds no SavedModel"):
+        lmscore.load(tmp_path / "lambda.keras")
+
+    w = tf.Variable(tf.ones([4, 2]))
+
+    class Step(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+        def train_step(self, x):
+            y = tf.py_function(side_effect, [x], tf.float32)
+            y.set_shape([None, 4])
+            return tf.reduce_sum(tf.matmul(y, w))
+
+    module = Step()
+    module.w = w
+    tf.saved_model.save(module, str(tmp_path / "sm"))
+    assert not marker.exists()  # tracing does not call the Python function
+    graph = lmscore.load(tmp_path / "sm")
+    assert any(op.type == "EagerPyFunc" for op in graph.ops)
+    lmscore.simulate(graph, 2)
+    with pytest.raises(RunError, match="is a EagerPyFunc, which reads or writes outside"):
+        validate(graph, 2)
+    assert not marker.exists()
