@@ -557,6 +557,9 @@ def check_plan(graph: Graph, plan: Plan) -> None:
     seen_tensors: set[str] = set()
     for s in plan.swaps:
         op_name, port = split_tensor(s.tensor)
+        if s.tensor != f"{op_name}:{port}":  # "a" or "a:00" would rewire nothing
+            raise PlanError(f"swap of {s.tensor!r}: name the tensor as op:port "
+                            f"({op_name + ':' + str(port)!r})")
         if op_name not in idx or port >= len(graph.ops[idx[op_name]].outputs):
             raise PlanError(f"swap of unknown tensor {s.tensor!r}")
         if s.tensor in seen_tensors:
@@ -567,7 +570,9 @@ def check_plan(graph: Graph, plan: Plan) -> None:
         producer = idx[op_name]
         readers = set(adj.consumers.get((producer, port), ()))
         served: set[str] = set()
-        for g in s.swap_ins:
+        for k, g in enumerate(s.swap_ins):
+            if not g.consumers:
+                raise PlanError(f"swap of {s.tensor!r}: swap-in {k} has no consumers")
             for c in g.consumers:
                 if c not in idx:
                     raise PlanError(f"swap of {s.tensor!r}: unknown consumer {c!r}")
@@ -579,18 +584,25 @@ def check_plan(graph: Graph, plan: Plan) -> None:
             if g.trigger is not None:
                 if g.trigger not in idx:
                     raise PlanError(f"swap of {s.tensor!r}: unknown trigger {g.trigger!r}")
-                t = idx[g.trigger]
-                first = min((idx[c] for c in g.consumers), key=lambda c: (lv[c], c))
-                if lv[t] <= lv[producer]:
-                    raise PlanError(f"swap of {s.tensor!r}: trigger {g.trigger!r} (level "
-                                    f"{lv[t]}) does not come after the producer (level "
-                                    f"{lv[producer]})")
-                if not reaches(graph, t, first, lv):
-                    raise PlanError(f"swap of {s.tensor!r}: trigger {g.trigger!r} cannot "
-                                    f"reach consumer {graph.ops[first].name!r}")
+                problem = _trigger_problem(graph, lv, producer, g)
+                if problem:
+                    raise PlanError(f"swap of {s.tensor!r}: {problem}")
     for level in plan.serialize:
         if not 0 <= level < ordering.num_levels:
             raise PlanError(f"serialize: level {level} is outside 0..{ordering.num_levels - 1}")
+
+
+def _trigger_problem(graph: Graph, lv: Sequence[int], producer: int, group: SwapIn) -> str:
+    """Why ``group``'s (known) trigger cannot start its swap-in; empty if it can."""
+    idx = graph.index
+    t = idx[group.trigger]  # type: ignore[index]
+    first = min((idx[c] for c in group.consumers), key=lambda c: (lv[c], c))
+    if lv[t] <= lv[producer]:
+        return (f"trigger {group.trigger!r} (level {lv[t]}) does not come after the producer "
+                f"(level {lv[producer]})")
+    if not reaches(graph, t, first, lv):
+        return f"trigger {group.trigger!r} cannot reach consumer {graph.ops[first].name!r}"
+    return ""
 
 
 def reaches(graph: Graph, src: int, dst: int, lv: Sequence[int]) -> bool:
@@ -650,10 +662,28 @@ def add_swap(
 
 
 def regroup(graph: Graph, plan: Plan, tensor: str, groups: Sequence[Sequence[str]]) -> Plan:
-    """Replace the consumer groups of ``tensor``; triggers are kept where still valid."""
+    """Replace the consumer groups of ``tensor``.
+
+    A new group keeps the trigger of an old group it shares a consumer with, the first
+    such trigger that can still start it (it runs after the producer and reaches the new
+    group's first consumer); a group no old trigger fits is swapped in synchronously.
+    """
     old = _swap_of(plan, tensor)
-    kept = {g.consumers[0]: g.trigger for g in old.swap_ins}
-    swap = Swap(tensor, tuple(SwapIn(tuple(g), kept.get(g[0]) if g else None) for g in groups))
+    lv = order(graph).levels
+    producer = graph.index.get(split_tensor(tensor)[0])
+    triggers = {c: g.trigger for g in old.swap_ins if g.trigger is not None for c in g.consumers}
+
+    def trigger_for(consumers: tuple[str, ...]) -> str | None:
+        if producer is None or not consumers or any(c not in graph.index for c in consumers):
+            return None  # check_plan names the problem
+        for c in consumers:
+            t = triggers.get(c)
+            if t is not None and t in graph.index and not _trigger_problem(
+                    graph, lv, producer, SwapIn(consumers, t)):
+                return t
+        return None
+
+    swap = Swap(tensor, tuple(SwapIn(tuple(g), trigger_for(tuple(g))) for g in groups))
     new = replace(plan, swaps=tuple(swap if s.tensor == tensor else s for s in plan.swaps))
     check_plan(graph, new)
     return new
