@@ -329,6 +329,9 @@ def upload_graph(app: AppContext, gate: dict[str, Any] | None,
     try:
         name, data = decode_upload(gate, app.upload_cap_bytes)
         loaded = accept_upload(app, name, data)
+        # sized and simulated now, so that a graph that cannot be shown never replaces one
+        # that can (the render that follows finds the result cached)
+        base_of(app, loaded, int(settings.get("batch") or 1), settings.get("workspace", "cpu"))
     except LmsError as e:
         return refuse(f"upload refused: {e}")
     return _switch_to(app, loaded, settings)

@@ -361,3 +361,58 @@ def test_concurrent_sessions_do_not_leak_into_each_other(server: Server, n: int)
         check_plan(g, plan)
         assert set(plan.swapped()) == set(expected.swapped()) | set(r["toggled"])
     assert server.alive() and "Traceback" not in server.log()
+
+
+# --- the hostile corpus as uploads -------------------------------------------------------
+
+
+def test_the_hostile_corpus_uploaded_gets_one_line_answers(tmp_path: pathlib.Path) -> None:
+    """Every graph file of ``tests/hostile`` through the upload path, bounded in time."""
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).parent / "hostile"))
+    import make_corpus
+
+    root = tmp_path / "corpus"
+    cases = [c for c in make_corpus.generate(root, truncations=10, bitflips=10)
+             if c.kind == "graph" and not c.tf and (root / c.path).is_file()
+             and not (root / c.path).is_symlink()]
+    ctx = state.new_context("mlp", None, upload_cap_bytes=64 * 2**20, data_dir=tmp_path / "d")
+    settings = state.new_session(ctx)["settings"]
+
+    def alarm(*_a: Any) -> None:
+        raise TimeoutError
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    outcomes: dict[str, int] = {"loaded": 0, "refused": 0}
+    problems = []
+    try:
+        for case in cases:
+            suffix = pathlib.Path(case.path).suffix.lower()
+            name = f"case{suffix if suffix in state.GRAPH_SUFFIXES else '.pb'}"
+            signal.alarm(20)
+            try:
+                up = callbacks.upload_graph(ctx, gate(name, (root / case.path).read_bytes()),
+                                            settings)
+            except TimeoutError:
+                problems.append(f"{case.name}: over 20 s")
+                continue
+            except Exception as e:  # noqa: BLE001 - the failure being tested for
+                problems.append(f"{case.name}: {type(e).__name__}: {e}")
+                continue
+            finally:
+                signal.alarm(0)
+            if up.error:
+                outcomes["refused"] += 1
+                if not up.message.startswith("upload refused: ") or "\n" in up.message:
+                    problems.append(f"{case.name}: {up.message!r}")
+                if case.expect == ("ok",):
+                    problems.append(f"{case.name}: refused a valid graph: {up.message}")
+            else:
+                outcomes["loaded"] += 1
+                if "ok" not in case.expect:
+                    problems.append(f"{case.name}: loaded, expected {case.expect}")
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert not problems, "\n".join(problems)
+    assert outcomes["refused"] and outcomes["loaded"], outcomes
