@@ -28,6 +28,7 @@ from typing import Any
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))  # the checkout, not an installed copy
 
 from dash_client import HttpTransport, Server, Session  # noqa: E402
 
