@@ -84,6 +84,17 @@ class WorkSlots:
         self.paths = [directory / f"slot-{k}.lock" for k in range(n)]
         self.wait_seconds = wait_seconds
         self._held = threading.local()
+        self._fds: set[int] = set()  # descriptors holding a slot, in any thread
+        # A forked child (a tuner job) holds no slot, whatever its parent's threads held:
+        # its copies of their descriptors would keep their locks until it exits.
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._held = threading.local()
+        for fd in list(self._fds):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds = set()
 
     @contextlib.contextmanager
     def slot(self, what: str = "this request") -> Iterator[None]:
@@ -102,11 +113,13 @@ class WorkSlots:
                 self._held.depth -= 1
             return
         fd = self._acquire(what)
+        self._fds.add(fd)
         self._held.depth = 1
         try:
             yield
         finally:
             self._held.depth = 0
+            self._fds.discard(fd)
             os.close(fd)  # closing the descriptor releases its lock
 
     def _acquire(self, what: str) -> int:

@@ -134,6 +134,30 @@ def test_work_slots_bound_threads_and_processes_and_a_killed_holder_frees_its_sl
         assert slots.busy() == 1
 
 
+def _sleep() -> None:  # pragma: no cover - child process
+    time.sleep(600)
+
+
+def test_a_forked_job_does_not_keep_the_slots_its_parent_held(tmp_path: pathlib.Path) -> None:
+    slots = state.WorkSlots(tmp_path, 1, wait_seconds=0.2)
+    fork = multiprocessing.get_context("fork")
+    with slots.slot():
+        child = fork.Process(target=_sleep)
+        child.start()
+    try:
+        # released by the parent and not held on by the child's copy of the descriptor
+        # (which the child closes right after the fork)
+        deadline = time.monotonic() + 10
+        while slots.busy() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert slots.busy() == 0 and child.is_alive()
+        with slots.slot():
+            pass
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(30)
+
+
 def test_a_busy_server_refuses_heavy_work_with_a_clear_message(tmp_path: pathlib.Path) -> None:
     ctx = state.new_context("mlp", None, upload_cap_bytes=2**20, data_dir=tmp_path,
                             max_jobs=1, job_wait=0.2)
