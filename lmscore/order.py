@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import GraphError
 from .ir import FEED_OPS, VARIABLE_OPS, Graph, op_signatures
@@ -66,19 +66,36 @@ class Ordering:
         The order in which TensorFlow's executor runs the ops when it runs them one at a
         time: first-in first-out in the order ops become ready, a consumer becoming ready
         when its last producer finishes (consumers taken in source order).
+    graph : Graph
+        The graph ordered.
     """
 
     levels: tuple[int, ...]
     by_level: tuple[tuple[int, ...], ...]
     topo: tuple[int, ...]
-    categories: tuple[str, ...]
-    loss: str | None
     schedule: tuple[int, ...]
+    graph: Graph = field(repr=False, compare=False)
 
     @property
     def num_levels(self) -> int:
         """Number of levels."""
         return len(self.by_level)
+
+    # Categories are computed on first use: the simulator never needs them, and a plan
+    # edited in the web app re-orders the rewritten graph on every edit.
+    @functools.cached_property
+    def _classified(self) -> tuple[tuple[str, ...], str | None]:
+        return _categories(self.graph, self.topo)
+
+    @property
+    def categories(self) -> tuple[str, ...]:
+        """Category of each op."""
+        return self._classified[0]
+
+    @property
+    def loss(self) -> str | None:
+        """Name of the op identified as the loss, if the graph trains."""
+        return self._classified[1]
 
 
 def levels(graph: Graph) -> tuple[int, ...]:
@@ -144,8 +161,7 @@ def order(graph: Graph) -> Ordering:
     for i, lvl in enumerate(lv):
         by_level[lvl].append(i)
     topo = tuple(i for ops in by_level for i in ops)
-    cats, loss = _categories(graph, topo)
-    return Ordering(lv, tuple(tuple(o) for o in by_level), topo, cats, loss, fifo)
+    return Ordering(lv, tuple(tuple(o) for o in by_level), topo, fifo, graph)
 
 
 def distance(ordering: Ordering, producer: int, consumer: int) -> int:

@@ -54,7 +54,7 @@ from lmscore.plan import (
     remove_swap,
 )
 from lmscore.rewrite import Rewrite, rewrite
-from lmscore.shapes import Sizes, resolve
+from lmscore.shapes import Sizes, extend_sizes, resolve
 from lmscore.units import format_bytes, parse_bytes
 
 from . import figures
@@ -181,7 +181,8 @@ def after_of(app: AppContext, base: Base, plan: Plan, digest: str | None = None
 
     def compute() -> After:
         rw = rewrite(base.loaded.graph, plan)
-        sim = lmscore.simulate(rw.graph, base.batch, workspace=base.workspace)
+        sim = lmscore.simulate(rw.graph, base.batch, workspace=base.workspace,
+                               sizes=extend_sizes(base.sizes, rw.graph))
         device, host = project_to_original_levels(base.loaded.graph, rw, sim)
         peak_level = int(np.argmax(device)) if device else 0
         swap_bytes = sum(b.bytes for b in sim.buffers if b.host)

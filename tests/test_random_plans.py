@@ -45,7 +45,7 @@ from lmscore.plan import (
     remove_swap,
 )
 from lmscore.rewrite import rewrite
-from lmscore.shapes import resolve
+from lmscore.shapes import extend_sizes, resolve
 
 BATCH = 2
 GHOST = "ghost"  # no op has this name
@@ -318,6 +318,7 @@ def check_rewrite(g: Graph, plan: Plan, rw) -> None:
         assert now.inputs == tuple(rewired.get((op.name, t), t) for t in op.inputs), op.name
         assert set(op.control_inputs) <= set(now.control_inputs)
         assert (now.type, now.outputs) == (op.type, op.outputs)
+    assert extend_sizes(resolve(g, BATCH), new) == resolve(new, BATCH)
     sim = simulate(new, BATCH)
     assert min(sim.device_curve) >= sim.persistent_bytes + sim.input_bytes
     assert min(sim.host_curve) >= 0
