@@ -266,7 +266,10 @@ def faulty(draw, g: Graph, plan: Plan):
                 extra = draw(any_op)
                 plan = _edit_group(plan, k, j, consumers=(*s.swap_ins[j].consumers, extra))
             elif fault == "consumer twice":
-                c = draw(st.sampled_from([c for grp in s.swap_ins for c in grp.consumers]))
+                served = [c for grp in s.swap_ins for c in grp.consumers]
+                if not served:  # every group emptied by an earlier fault
+                    continue
+                c = draw(st.sampled_from(served))
                 plan = _edit_group(plan, k, j, consumers=(*s.swap_ins[j].consumers, c))
             elif fault == "trigger":
                 plan = _edit_group(plan, k, j, trigger=draw(any_op))
