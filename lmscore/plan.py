@@ -18,6 +18,7 @@ import json
 import os
 import pathlib
 import tempfile
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -117,8 +118,18 @@ class Plan:
         return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
+_FINGERPRINTS: weakref.WeakKeyDictionary[Graph, str] = weakref.WeakKeyDictionary()
+
+
 def fingerprint(graph: Graph) -> str:
     """A short digest of the graph's op names and types: plans name graphs by it."""
+    fp = _FINGERPRINTS.get(graph)  # graphs are immutable; checking a plan asks often
+    if fp is None:
+        fp = _FINGERPRINTS[graph] = _digest(graph)
+    return fp
+
+
+def _digest(graph: Graph) -> str:
     h = hashlib.sha256()
     for op in graph.ops:
         if op.attrs.get("_lms_role"):

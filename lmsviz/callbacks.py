@@ -30,7 +30,7 @@ import pathlib
 import time
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import dash
@@ -93,6 +93,18 @@ class Base:
     ops: figures.OpTable
     positions: tuple[np.ndarray, np.ndarray]
     buffers: dict[str, tuple[int, int, int]]  # tensor -> (start level, end level, bytes)
+    # hotspot rows by level, filled on demand (shared, like the rest, by every session)
+    _live: dict[int, tuple[lmscore.LiveTensor, ...]] = field(
+        default_factory=dict, repr=False, compare=False)
+
+    def live(self, level: int) -> tuple[lmscore.LiveTensor, ...]:
+        """:func:`lmscore.hotspots` at ``level`` (remembered for up to 256 levels)."""
+        rows = self._live.get(level)
+        if rows is None:
+            rows = lmscore.hotspots(self.loaded.graph, self.sim, level)
+            if len(self._live) < 256:
+                self._live[level] = rows
+        return rows
 
 
 @dataclass(frozen=True)
@@ -452,7 +464,7 @@ def _live_row(loaded: LoadedGraph, base: Base, tensor: str) -> lmscore.LiveTenso
     span = base.buffers.get(tensor)
     if span is None:
         return None
-    for row in lmscore.hotspots(loaded.graph, base.sim, span[0]):
+    for row in base.live(span[0]):
         if tensor in (row.tensor, row.swap_tensor):
             return row
     return None
@@ -727,7 +739,7 @@ def hotspot_rows(loaded: LoadedGraph, base: Base, plan: Plan, level: int
     """Rows of the hotspot table: the tensors live at ``level``, largest first."""
     swapped = set(plan.swapped())
     rows = []
-    for t in lmscore.hotspots(loaded.graph, base.sim, level):
+    for t in base.live(level):
         # a row is a buffer; toggling swaps the tensor of it that is read farthest away
         on = t.tensor in swapped or t.swap_tensor in swapped
         rows.append({
