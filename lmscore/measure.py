@@ -966,6 +966,11 @@ SIDE_EFFECT_OPS = frozenset({
 def refuse_side_effects(gdef: graph_pb2.GraphDef) -> None:
     """Refuse to run a graph whose ops (or library functions' ops) reach outside it.
 
+    Parameters
+    ----------
+    gdef : GraphDef
+        The graph about to be run.
+
     Raises
     ------
     RunError

@@ -169,6 +169,17 @@ def extend_sizes(sizes: Sizes, graph: Graph) -> Sizes:
     their input's. Equal to ``resolve(graph, sizes.batch_size)`` (a property test checks
     it) at a fraction of the cost, which matters when a plan is edited interactively.
 
+    Parameters
+    ----------
+    sizes : Sizes
+        :func:`resolve` of the original graph.
+    graph : Graph
+        ``rewrite(original, plan).graph``.
+
+    Returns
+    -------
+    Sizes
+
     Raises
     ------
     ValueError

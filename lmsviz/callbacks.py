@@ -1214,7 +1214,18 @@ def register(app: dash.Dash, state: AppContext) -> None:
 
 
 def internal_error(action: str, exc: BaseException) -> str:
-    """Log an unexpected exception with its traceback; the one line the page shows."""
+    """Log an unexpected exception with its traceback; return the one line the page shows.
+
+    Parameters
+    ----------
+    action : str
+        What failed (the component that fired, "drawing", "export").
+    exc : BaseException
+
+    Returns
+    -------
+    str
+    """
     _log.error("internal error in %s", action, exc_info=exc)
     first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
     return (f"internal error in {action}: {type(exc).__name__}{': ' + first if first else ''}"
