@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from lmscore import samples
+from lmscore.errors import GraphError
 from lmscore.plan import fingerprint, plan_from_json
 from lmsviz import app as lms_app
 from lmsviz import callbacks as cb
@@ -156,6 +157,36 @@ def test_bounded_cache_evicts_the_least_recently_used():
     assert c.get_or_compute("d", lambda: 4) == 4 and len(c) == 2
 
 
+def test_bounded_cache_bounds_the_total_weight_and_keeps_the_newest():
+    c = state.BoundedCache(10, max_weight=100)
+    c.put("a", 1, 40)
+    c.put("b", 2, 40)
+    c.get("a")  # b is now the least recently used
+    c.put("c", 3, 30)  # 110 > 100: b goes
+    assert (c.get("b"), c.get("a"), c.get("c"), c.weight) == (None, 1, 3, 70)
+    c.put("a", 4, 10)  # re-putting a key replaces its weight
+    assert c.weight == 40 and len(c) == 2
+    c.put("huge", 5, 500)  # over the bound alone: kept, everything else evicted
+    assert (len(c), c.weight, c.get("huge")) == (1, 500, 5)
+
+
+def test_the_caches_of_the_server_are_bounded_by_its_op_limit(tmp_path):
+    # mlp: 307 ops, lstm: 395 in the IR (598 with its loop bodies), vgg16: 694
+    ctx = state.new_context("mlp", None, upload_cap_bytes=2**20, data_dir=tmp_path,
+                            max_ops=700)
+    assert ctx.graphs.max_weight == ctx.results.max_weight == 1400
+    state.load_sample(ctx, "lstm")
+    assert ctx.graphs.weight == 307 + 395
+    with pytest.raises(GraphError, match=r"unet3d.pb: [0-9,]+ ops .* over the limit of 700"):
+        state.load_sample(ctx, "unet3d")
+    state.load_sample(ctx, "vgg16")  # 307 + 395 + 694 = 1396
+    assert len(ctx.graphs) == 3 and ctx.graphs.weight == 1396
+    state.load_sample(ctx, "lstm")
+    assert ctx.graphs.weight == 1396  # the same graph is not counted twice
+    ctx.graphs.put("another", None, 100)  # over 1400: the least recently used (mlp) goes
+    assert len(ctx.graphs) == 3 and ctx.graphs.weight == 395 + 694 + 100
+
+
 def test_new_context_loads_a_sample_with_its_batch_size(ctx):
     assert ctx.initial.origin == "sample:mlp" and ctx.initial_batch == 32
     s = session(ctx)
@@ -164,7 +195,6 @@ def test_new_context_loads_a_sample_with_its_batch_size(ctx):
 
 
 def test_new_context_refuses_a_missing_file(tmp_path):
-    from lmscore.errors import GraphError
 
     with pytest.raises(GraphError, match="no such file"):
         state.new_context(str(tmp_path / "nope.pb"), None, upload_cap_bytes=MIB,
