@@ -216,7 +216,6 @@ class Graph:
     @functools.cached_property
     def adjacency(self) -> Adjacency:
         """Integer adjacency (computed once; raises GraphError on a dangling input)."""
-        index = self.index
         ops = self.ops
         n_out = [len(op.outputs) for op in ops]
         data_in: list[tuple[tuple[int, int], ...]] = []
@@ -224,41 +223,16 @@ class Graph:
         preds: list[tuple[int, ...]] = []
         succs: list[list[int]] = [[] for _ in ops]
         consumers: dict[tuple[int, int], list[int]] = {}
-        get = index.get
         for i, op in enumerate(ops):
-            ins = []
-            for t in op.inputs:
-                name, sep, port_text = t.rpartition(":")
-                if sep and _is_port(port_text):
-                    port = _port_number(port_text)
-                else:
-                    name, port = t, 0
-                p = get(name)
-                if p is None or port >= n_out[p]:
-                    raise GraphError(self._dangling(op.name, t, name, p))
-                key = (p, port)
-                ins.append(key)
+            ins_t, ctl, ps = self._edges(op, n_out)
+            for key in ins_t:
                 c = consumers.get(key)
                 if c is None:
                     consumers[key] = [i]
                 else:
                     c.append(i)
-            ctl = []
-            for c_name in op.control_inputs:
-                p = get(c_name)
-                if p is None:
-                    raise GraphError(
-                        f"{self.source}: node {op.name!r} has a control input from {c_name!r} "
-                        "but no such node exists"
-                    )
-                ctl.append(p)
-            ins_t = tuple(ins)
             data_in.append(ins_t)
-            control_in.append(tuple(ctl))
-            if len(ins_t) == 1 and not ctl:
-                ps: tuple[int, ...] = (ins_t[0][0],)
-            else:
-                ps = tuple(dict.fromkeys([p for p, _ in ins_t] + ctl))
+            control_in.append(ctl)
             preds.append(ps)
             for p in ps:
                 succs[p].append(i)
@@ -269,6 +243,96 @@ class Graph:
             succs=tuple(map(tuple, succs)),
             consumers={k: tuple(v) for k, v in consumers.items()},
         )
+
+    def _edges(self, op: Op, n_out: list[int]
+               ) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...], tuple[int, ...]]:
+        """Data inputs, control inputs and distinct predecessors of ``op`` (indices)."""
+        get = self.index.get
+        ins = []
+        for t in op.inputs:
+            name, sep, port_text = t.rpartition(":")
+            if sep and _is_port(port_text):
+                port = _port_number(port_text)
+            else:
+                name, port = t, 0
+            p = get(name)
+            if p is None or port >= n_out[p]:
+                raise GraphError(self._dangling(op.name, t, name, p))
+            ins.append((p, port))
+        ctl = []
+        for c_name in op.control_inputs:
+            p = get(c_name)
+            if p is None:
+                raise GraphError(
+                    f"{self.source}: node {op.name!r} has a control input from {c_name!r} "
+                    "but no such node exists"
+                )
+            ctl.append(p)
+        ins_t = tuple(ins)
+        if len(ins_t) == 1 and not ctl:
+            ps: tuple[int, ...] = (ins_t[0][0],)
+        else:
+            ps = tuple(dict.fromkeys([p for p, _ in ins_t] + ctl))
+        return ins_t, tuple(ctl), ps
+
+    def derive(self, ops: Iterable[Op], source: str | None = None) -> Graph:
+        """Like :meth:`replace`, for a graph that keeps this one's ops at their positions.
+
+        The new graph may change some ops' inputs and append ops (what a rewrite does);
+        its adjacency is then patched from this graph's instead of rebuilt, which is what
+        makes re-simulating an edited plan fast. Anything else falls back to
+        :meth:`replace`. Equal to a fresh build (a property test checks it).
+        """
+        new = self.replace(ops, source)
+        n = len(self.ops)
+        if len(new.ops) < n or any(a.name != b.name
+                                   for a, b in zip(self.ops, new.ops, strict=False)):
+            return new
+        old = self.adjacency
+        changed = [i for i in range(n) if new.ops[i] is not self.ops[i]]
+        changed += range(n, len(new.ops))
+        n_out = [len(op.outputs) for op in new.ops]
+        data_in = list(old.data_in) + [()] * (len(new.ops) - n)
+        control_in = list(old.control_in) + [()] * (len(new.ops) - n)
+        preds = list(old.preds) + [()] * (len(new.ops) - n)
+        succs: dict[int, set[int]] = {}
+        consumers: dict[tuple[int, int], list[int]] = {}
+
+        def touch_succs(p: int) -> set[int]:
+            if p not in succs:
+                succs[p] = set(old.succs[p]) if p < n else set()
+            return succs[p]
+
+        def touch_consumers(key: tuple[int, int]) -> list[int]:
+            if key not in consumers:
+                consumers[key] = list(old.consumers.get(key, ()))
+            return consumers[key]
+
+        for i in changed:
+            for p in preds[i]:
+                touch_succs(p).discard(i)
+            for key in data_in[i]:
+                touch_consumers(key).remove(i)
+            ins_t, ctl, ps = new._edges(new.ops[i], n_out)
+            data_in[i], control_in[i], preds[i] = ins_t, ctl, ps
+            for p in ps:
+                touch_succs(p).add(i)
+            for key in ins_t:
+                touch_consumers(key).append(i)
+        all_succs = list(old.succs) + [()] * (len(new.ops) - n)
+        for p, ss in succs.items():
+            all_succs[p] = tuple(sorted(ss))
+        all_consumers = dict(old.consumers)
+        for key, cs in consumers.items():
+            if cs:
+                all_consumers[key] = tuple(sorted(cs))
+            else:
+                del all_consumers[key]
+        new.__dict__["adjacency"] = Adjacency(
+            data_in=tuple(data_in), control_in=tuple(control_in), preds=tuple(preds),
+            succs=tuple(all_succs), consumers=all_consumers,
+        )
+        return new
 
     def _dangling(self, op: str, tensor: str, name: str, producer: int | None) -> str:
         if producer is None:

@@ -171,7 +171,7 @@ def _apply(
     for name, ctl in extra_ctl.items():
         op = ops[name]
         ops[name] = replace(op, control_inputs=tuple(dict.fromkeys((*op.control_inputs, *ctl))))
-    new = graph.replace(
+    new = graph.derive(
         (ops[n] for n in order_names), source=f"{graph.source} (rewritten)"
     )
     return new, added

@@ -322,6 +322,7 @@ def check_rewrite(g: Graph, plan: Plan, rw) -> None:
         assert set(op.control_inputs) <= set(now.control_inputs)
         assert (now.type, now.outputs) == (op.type, op.outputs)
     assert extend_sizes(resolve(g, BATCH), new) == resolve(new, BATCH)
+    assert new.adjacency == Graph(new.ops, "fresh").adjacency  # patched == rebuilt
     sim = simulate(new, BATCH)
     assert min(sim.device_curve) >= sim.persistent_bytes + sim.input_bytes
     assert min(sim.host_curve) >= 0
