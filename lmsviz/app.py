@@ -164,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-ops", type=int, default=state.DEFAULT_SERVER_MAX_OPS,
                    help=f"largest graph loaded, in ops ({state.DEFAULT_SERVER_MAX_OPS:,})")
     args = p.parse_args(argv)
+    if not 0 < args.port < 65536:
+        p.error(f"argument --port: must be 1 to 65535, got {args.port}")
     logging.basicConfig(level=logging.INFO,
                         format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
     try:

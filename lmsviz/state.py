@@ -81,6 +81,8 @@ class WorkSlots:
     def __init__(self, directory: pathlib.Path, n: int, wait_seconds: float) -> None:
         if n < 1:
             raise ConfigError(f"the number of concurrent jobs must be positive, got {n}")
+        if not 0 <= wait_seconds <= 86400:  # NaN fails too: it would wait forever
+            raise ConfigError(f"the wait for a job slot must be 0 to 86400 s, got {wait_seconds}")
         self.paths = [directory / f"slot-{k}.lock" for k in range(n)]
         self.wait_seconds = wait_seconds
         self._held = threading.local()

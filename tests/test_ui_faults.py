@@ -134,6 +134,17 @@ def test_work_slots_bound_threads_and_processes_and_a_killed_holder_frees_its_sl
         assert slots.busy() == 1
 
 
+@pytest.mark.parametrize(("n", "wait", "words"), [
+    (0, 1.0, "concurrent jobs must be positive, got 0"),
+    (2, -1.0, "must be 0 to 86400 s, got -1.0"),
+    (2, float("nan"), "must be 0 to 86400 s, got nan"),
+])
+def test_work_slot_settings_are_checked(tmp_path: pathlib.Path, n: int, wait: float,
+                                        words: str) -> None:
+    with pytest.raises(state.ConfigError, match=words):
+        state.WorkSlots(tmp_path, n, wait)
+
+
 def _sleep() -> None:  # pragma: no cover - child process
     time.sleep(600)
 
@@ -440,3 +451,20 @@ def test_the_hostile_corpus_uploaded_gets_one_line_answers(tmp_path: pathlib.Pat
         signal.signal(signal.SIGALRM, previous)
     assert not problems, "\n".join(problems)
     assert outcomes["refused"] and outcomes["loaded"], outcomes
+
+
+def test_bad_server_options_are_one_line_errors(tmp_path: pathlib.Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from lmsviz.app import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["mlp", "--port", "99999", "--data-dir", str(tmp_path)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "lms serve: error: argument --port: must be 1 to 65535, got 99999")
+    for args, words in ((["--job-wait", "nan"], "the wait for a job slot must be 0 to 86400"),
+                        (["--max-ops", "0"], "the op limit must be positive, got 0"),
+                        (["--upload-cap", "12XB"], "not a size: '12XB'")):
+        assert main(["mlp", "--data-dir", str(tmp_path), *args]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("lms: error: ") and words in err and err.count("\n") == 1, err
