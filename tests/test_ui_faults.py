@@ -210,6 +210,7 @@ MLP_BYTES = (samples.sample_dir() / "mlp.pb").read_bytes()
     ("oversized", {**gate("big.pb", b"x" * 10), "size": 2**21}, "over the upload limit"),
     ("refused by the browser", {"filename": "big.pb", "size": 2**21, "refused": True},
      "over the upload limit of 1.00 MiB"),
+    ("a size that lies", {**gate("big.pb", bytes(2**21)), "size": 10}, "over the upload limit"),
     ("wrong type", gate("photo.png", b"\x89PNG\r\n\x1a\n" + bytes(100)), "not a graph file"),
     ("text that is not a graph", gate("notes.txt", b"hello world\n"), "not a GraphDef"),
     ("a plan as a graph", gate("plan.pb", b'{"version": 1}'), "not a GraphDef"),
