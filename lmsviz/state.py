@@ -129,29 +129,34 @@ class WorkSlots:
         delay = 0.005
         while True:
             for path in self.paths:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                return fd
+                fd = self._try_lock(path)
+                if fd is not None:
+                    return fd
             if time.monotonic() >= deadline:
                 raise ServerBusy(f"the server is busy ({len(self.paths)} heavy jobs running); "
                                  f"{what} waited {self.wait_seconds:g} s: try again")
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
 
+    @staticmethod
+    def _try_lock(path: pathlib.Path) -> int | None:
+        """A descriptor holding ``path``'s lock, or None if someone else holds it."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+
     def busy(self) -> int:
         """How many slots are taken right now (by any thread or process)."""
         taken = 0
         for path in self.paths:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            fd = self._try_lock(path)
+            if fd is None:
                 taken += 1
-            finally:
+            else:
                 os.close(fd)
         return taken
 
