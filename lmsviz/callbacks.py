@@ -444,7 +444,7 @@ def toggle_swap(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, 
             verb = "no longer swapped"
         else:
             base = base_of(app, loaded, settings["batch"], settings.get("workspace", "cpu"))
-            row = _live_row(loaded, base, tensor)
+            row = _live_row(base, tensor)
             if row is not None and not row.swappable:
                 return refuse(f"{tensor} cannot be swapped: {row.reason}")
             knobs = settings.get("knobs", {})
@@ -459,7 +459,7 @@ def toggle_swap(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, 
                   message=f"{tensor} {verb}; the plan has {len(new.swaps)} swaps")
 
 
-def _live_row(loaded: LoadedGraph, base: Base, tensor: str) -> lmscore.LiveTensor | None:
+def _live_row(base: Base, tensor: str) -> lmscore.LiveTensor | None:
     """The hotspot row of ``tensor`` at its producer's level (its verdict on swapping)."""
     span = base.buffers.get(tensor)
     if span is None:
@@ -688,7 +688,7 @@ def render(app: AppContext, session: dict[str, Any], *, full: bool = True,
             figure["layout"]["yaxis2"]["range"] = figures.memory_range(curves)
         figure["layout"]["shapes"] = figures.selection_shapes(hl, base.positions)
         note = no_update
-    rows = hotspot_rows(loaded, base, plan, table_level)
+    rows = hotspot_rows(base, plan, table_level)
     styles = _row_styles(view.get("tensor"))
     where = ("selected level" if level is not None else
              "peak with the plan" if after else "peak")
@@ -734,7 +734,7 @@ def _swap_draws(loaded: LoadedGraph, plan: Plan) -> list[figures.SwapDraw]:
     return out
 
 
-def hotspot_rows(loaded: LoadedGraph, base: Base, plan: Plan, level: int
+def hotspot_rows(base: Base, plan: Plan, level: int
                  ) -> list[dict[str, Any]]:
     """Rows of the hotspot table: the tensors live at ``level``, largest first."""
     swapped = set(plan.swapped())

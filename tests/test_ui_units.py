@@ -52,7 +52,7 @@ def swappable_tensor(c: state.AppContext, s: dict) -> str:
     base = cb.base_of(c, loaded, s["settings"]["batch"])
     plan = cb.plan_of(c, loaded, None)
     for level in range(len(base.sim.device_curve)):
-        for row in cb.hotspot_rows(loaded, base, plan, level):
+        for row in cb.hotspot_rows(base, plan, level):
             if row["swap"] == cb.SWAP_OFF:
                 up = cb.toggle_swap(c, s["graph"], s["settings"], s["plan"], s["view"],
                                     row["tensor"])
@@ -331,7 +331,7 @@ def test_toggle_adds_then_removes_a_swap_and_refuses_what_cannot_be_swapped(fres
     assert not down.error and plan_from_json(down.plan["json"]).swaps == ()
     loaded = c.resolve(s["graph"])
     base = cb.base_of(c, loaded, s["settings"]["batch"])
-    rows = cb.hotspot_rows(loaded, base, cb.plan_of(c, loaded, None), base.sim.peak_level)
+    rows = cb.hotspot_rows(base, cb.plan_of(c, loaded, None), base.sim.peak_level)
     stuck = next(r for r in rows if r["swap"] == cb.SWAP_NO)
     no = cb.toggle_swap(c, s["graph"], s["settings"], s["plan"], s["view"], stuck["tensor"])
     assert no.error and "cannot be swapped" in no.message and no.plan is None
