@@ -210,7 +210,8 @@ def _parse(data: bytes, source: str, text: bool | None) -> tuple[Any, bool]:
                 raise GraphError(
                     f"{source}: not a GraphDef (corrupt or truncated protobuf)"
                 ) from None
-    _check_size(len(data), source, True)
+    if text is None:  # binary did not parse: the text limit applies now
+        _check_size(len(data), source, True)
     try:
         return text_format.Parse(data.decode("utf-8"), graph_pb2.GraphDef()), True
     except RecursionError:

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import dash
+import flask
+from werkzeug.exceptions import BadRequest, HTTPException
 
 from . import callbacks, layout, state
 
@@ -113,9 +115,6 @@ def _request_error(exc: Exception) -> Any:
     reaches this handler is a malformed request to Dash's callback endpoint (not JSON, no
     such callback, the wrong shape). Anything else keeps Flask's 500 and its traceback.
     """
-    import flask
-    from werkzeug.exceptions import BadRequest, HTTPException
-
     if isinstance(exc, HTTPException):
         return exc
     if flask.request.path.endswith("/_dash-update-component"):
