@@ -245,6 +245,24 @@ def report(failures: dict[str, str]) -> str:
     return "\n".join(f"{name}: {why}" for name, why in sorted(failures.items()))
 
 
+def expect_api(root: pathlib.Path, chosen: list, label: str) -> None:
+    """Every case through the API, counted under ``label``; fail listing the failures."""
+    failures = {}
+    for case in chosen:  # in the main thread: the alarm bounds each case
+        problem = check_api(root, case, TIME_LIMIT)
+        if problem:
+            failures[case.name] = problem
+    TRIED[label] += len(chosen)
+    assert not failures, f"{len(failures)}/{len(chosen)} cases failed:\n{report(failures)}"
+
+
+def expect_cli(root: pathlib.Path, chosen: list, label: str, work: pathlib.Path) -> None:
+    """Every case through the CLI, two at a time, counted under ``label``."""
+    failures = run_cases(chosen, lambda c: check_cli(root, c, work, TIME_LIMIT))
+    TRIED[label] += len(chosen)
+    assert not failures, f"{len(failures)}/{len(chosen)} cases failed:\n{report(failures)}"
+
+
 def _select(cases, cls):
     return [c for c in cases if c.cls == cls and not c.tf and c.name not in KNOWN_ISSUES]
 
@@ -265,23 +283,13 @@ def test_corpus_is_deterministic(tmp_path):
 @pytest.mark.parametrize("cls", CLASSES)
 def test_api(corpus, cls):
     root, cases = corpus
-    chosen = _select(cases, cls)
-    failures = {}
-    for case in chosen:  # in the main thread: the alarm bounds each case
-        problem = check_api(root, case, TIME_LIMIT)
-        if problem:
-            failures[case.name] = problem
-    TRIED[f"{cls} (api)"] += len(chosen)
-    assert not failures, f"{len(failures)}/{len(chosen)} cases failed:\n{report(failures)}"
+    expect_api(root, _select(cases, cls), f"{cls} (api)")
 
 
 @pytest.mark.parametrize("cls", CLASSES)
 def test_cli(corpus, cls, tmp_path):
     root, cases = corpus
-    chosen = _select(cases, cls)
-    failures = run_cases(chosen, lambda c: check_cli(root, c, tmp_path, TIME_LIMIT))
-    TRIED[f"{cls} (cli)"] += len(chosen)
-    assert not failures, f"{len(failures)}/{len(chosen)} cases failed:\n{report(failures)}"
+    expect_cli(root, _select(cases, cls), f"{cls} (cli)", tmp_path)
 
 
 @pytest.mark.parametrize("name", sorted(KNOWN_ISSUES))
@@ -299,24 +307,14 @@ def test_known_issues(corpus, name, tmp_path):
 @pytest.mark.parametrize("cls", ["truncated", "bitflip"])
 def test_api_many(big_corpus, cls):
     root, cases = big_corpus
-    chosen = _select(cases, cls)
-    failures = {}
-    for case in chosen:
-        problem = check_api(root, case, TIME_LIMIT)
-        if problem:
-            failures[case.name] = problem
-    TRIED[f"{cls} x300 (api)"] += len(chosen)
-    assert not failures, f"{len(failures)}/{len(chosen)} cases failed:\n{report(failures)}"
+    expect_api(root, _select(cases, cls), f"{cls} x300 (api)")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cls", ["truncated", "bitflip"])
 def test_cli_many(big_corpus, cls, tmp_path):
     root, cases = big_corpus
-    chosen = _select(cases, cls)
-    failures = run_cases(chosen, lambda c: check_cli(root, c, tmp_path, TIME_LIMIT))
-    TRIED[f"{cls} x300 (cli)"] += len(chosen)
-    assert not failures, f"{len(failures)}/{len(chosen)} cases failed:\n{report(failures)}"
+    expect_cli(root, _select(cases, cls), f"{cls} x300 (cli)", tmp_path)
 
 
 @pytest.mark.tf
