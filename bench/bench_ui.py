@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,8 +37,11 @@ import urllib.request
 from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
+from browser_kit import CHROMEDRIVER, POINT_XY, chrome_options  # noqa: E402
+from dash_client import free_port  # noqa: E402
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -48,12 +50,6 @@ from selenium.webdriver.common.keys import Keys  # noqa: E402
 from lmsviz import figures  # noqa: E402
 
 DENSENET = REPO / "bench" / "out" / "densenet121.pb"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 #: A page with one two-point line plot: the floor of any first paint (loading Dash and
@@ -91,14 +87,8 @@ def start(graph: str, batch: int | None, data: pathlib.Path) -> tuple[subprocess
 
 
 def browser() -> Any:
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = "/usr/bin/chromium"
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                f"--user-data-dir={tempfile.mkdtemp(prefix='lms-bench-')}",
-                "--window-size=1500,1300", "--enable-unsafe-swiftshader"):
-        opts.add_argument(arg)
-    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+    opts = chrome_options(tempfile.mkdtemp(prefix="lms-bench-"))
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
 
 
 CURVE_DRAWN = """
@@ -166,15 +156,6 @@ def knob_change(driver: Any, threshold: int) -> tuple[float, float]:
             ? [window.__plotted - window.__t0].concat(
                   e.map(r => r.responseStart - r.requestStart)) : null;""")
     return float(sum(entries[1:])), float(entries[0])
-
-
-POINT_XY = """
-var gd = document.querySelector('#studio .js-plotly-plot');
-var L = gd._fullLayout, t = gd._fullData[arguments[0]], k = arguments[1];
-var r = gd.getBoundingClientRect();
-return [L.xaxis2._offset + L.xaxis2.d2p(t.x[k]) - r.width / 2,
-        L.yaxis2._offset + L.yaxis2.d2p(t.y[k]) - r.height / 2];
-"""
 
 
 def click_curve(driver: Any, level: int) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from browser_kit import CHROMEDRIVER, CHROMIUM, POINT_XY, chrome_options
 from dash_client import Server
 
 from lmscore import samples
@@ -31,7 +32,6 @@ pytestmark = pytest.mark.browser
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SHOTS = REPO / "test-output" / "screenshots"
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 UPLOAD_CAP = "1MiB"  # resnet50.pb (1.7 MB) is then over it
 
 
@@ -85,13 +85,7 @@ def downloads(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 @pytest.fixture(scope="module")
 def browser(server: str, downloads: pathlib.Path) -> Iterator[Any]:
     profile = tempfile.mkdtemp(prefix="lms-chromium-")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                f"--user-data-dir={profile}", "--window-size=1500,1300",
-                "--enable-unsafe-swiftshader"):
-        opts.add_argument(arg)
+    opts = chrome_options(profile)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
     driver.execute_cdp_cmd("Browser.setDownloadBehavior",
@@ -205,15 +199,6 @@ def toggle_a_hotspot(browser: Any) -> None:
         if "swapped;" in text(browser, "message"):
             break
     assert "swapped;" in text(browser, "message"), (k, len(cells), text(browser, "message"))
-
-
-POINT_XY = """
-var gd = document.querySelector('#studio .js-plotly-plot');
-var L = gd._fullLayout, t = gd._fullData[arguments[0]], k = arguments[1];
-var r = gd.getBoundingClientRect();
-return [L.xaxis2._offset + L.xaxis2.d2p(t.x[k]) - r.width / 2,
-        L.yaxis2._offset + L.yaxis2.d2p(t.y[k]) - r.height / 2];
-"""
 
 
 def test_click_a_level_on_the_curve_selects_it(browser: Any) -> None:
