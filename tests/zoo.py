@@ -1,0 +1,394 @@
+"""A zoo of training steps built the way users build them, with what is known of each.
+
+Every entry traces one TensorFlow 2 training step (forward pass, gradients, optimizer
+update) from a Keras 3 model, and states what is known from how it was built:
+
+* ``loss``: the name of the op that computes the loss value (``tf.identity(..., name=
+  "zoo_loss")`` around the loss the step differentiates; the tool may name the op that
+  the identity reads);
+* forward ops: custom steps run the model and the loss under ``tf.name_scope("fwd")``;
+  Keras' own ``train_step`` runs the model under the model's name scope. Gradient ops are
+  named ``gradient_tape/...`` by TensorFlow. Names are ground truth only; the tool under
+  test must never use them (tests rename every node before checking).
+
+Sizes are small (images 32x32 to 64x64, batches 2 to 8) so that tracing and running each
+step takes seconds on 2 cores; ``large=True`` entries are for slow runs.
+
+Run as a script to write the zoo as GraphDefs::
+
+    python tests/zoo.py OUT_DIR [NAME ...]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One zoo model: how to build its step and what is known of it."""
+
+    name: str
+    build: Callable[[], Any]  # -> (concrete function, model scope prefix)
+    batch: int  # batch size to run and simulate it at
+    fixed_batch: bool  # traced with a known batch dimension
+    large: bool = False
+    notes: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """A traced zoo step and its ground truth."""
+
+    name: str
+    graphdef: bytes
+    batch: int
+    loss: str  # op name of the loss identity
+    forward_prefixes: tuple[str, ...]  # name scopes of the forward pass
+    function: Any = dataclasses.field(default=None, compare=False, repr=False)
+    inputs: tuple[Any, ...] = dataclasses.field(default=(), compare=False, repr=False)
+
+
+def _keras():
+    import keras
+
+    return keras
+
+
+def _custom_step(model, loss_fn, optimizer, x_spec, y_spec, *, clip: float | None = None):
+    """A custom-loop step as users write it (tape, gradient, apply_gradients)."""
+    import tensorflow as tf
+
+    variables = None
+
+    def step(x, y):
+        nonlocal variables
+        with tf.GradientTape() as tape:
+            with tf.name_scope("fwd"):
+                pred = model(x, training=True)
+                value = loss_fn(y, pred)
+                if model.losses:
+                    value = value + tf.add_n(model.losses)
+                value = tf.identity(value, name="zoo_loss")
+            scaled = optimizer.scale_loss(value) if hasattr(optimizer, "scale_loss") else value
+        grads = tape.gradient(scaled, model.trainable_variables)
+        if clip is not None:
+            grads, _ = tf.clip_by_global_norm(grads, clip)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return value
+
+    model(tf.zeros([1 if d is None else d for d in x_spec.shape], x_spec.dtype), training=False)
+    optimizer.build(model.trainable_variables)
+    return tf.function(step).get_concrete_function(x_spec, y_spec), ("fwd/",)
+
+
+def _fit_step(model, x_spec, y_spec):
+    """Keras' own ``train_step`` (what ``model.fit`` runs), metrics and all."""
+    import tensorflow as tf
+
+    original = model.compute_loss
+
+    def compute_loss(*args, **kwargs):
+        return tf.identity(original(*args, **kwargs), name="zoo_loss")
+
+    model.compute_loss = compute_loss
+    model(tf.zeros([1 if d is None else d for d in x_spec.shape], x_spec.dtype), training=False)
+    model.optimizer.build(model.trainable_variables)
+    cf = tf.function(model.train_step).get_concrete_function((x_spec, y_spec))
+    return cf, (f"{model.name}/",)
+
+
+def _specs(batch, x_shape, y_shape, x_dtype="float32", y_dtype="int32"):
+    import tensorflow as tf
+
+    return (tf.TensorSpec((batch, *x_shape), x_dtype, name="x"),
+            tf.TensorSpec((batch, *y_shape), y_dtype, name="y"))
+
+
+def _sparse_ce():
+    return _keras().losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+# -- the models -------------------------------------------------------------------------
+
+def mlp_dropout(batch=None):
+    k = _keras()
+    k.utils.set_random_seed(1)
+    m = k.Sequential([k.Input((32,)), k.layers.Dense(64, activation="relu"),
+                      k.layers.Dropout(0.3), k.layers.Dense(64, activation="relu"),
+                      k.layers.Dropout(0.3), k.layers.Dense(10)], name="mlp")
+    return _custom_step(m, _sparse_ce(), k.optimizers.Adam(1e-3), *_specs(batch, (32,), ()))
+
+
+def bn_cnn(batch=None):
+    k = _keras()
+    k.utils.set_random_seed(2)
+    layers = [k.Input((32, 32, 3))]
+    for f in (16, 32, 32):
+        layers += [k.layers.Conv2D(f, 3, padding="same", use_bias=False),
+                   k.layers.BatchNormalization(), k.layers.ReLU(), k.layers.MaxPooling2D()]
+    layers += [k.layers.GlobalAveragePooling2D(), k.layers.Dense(10)]
+    m = k.Sequential(layers, name="bncnn")
+    opt = k.optimizers.SGD(0.01, momentum=0.9)
+    return _custom_step(m, _sparse_ce(), opt, *_specs(batch, (32, 32, 3), ()))
+
+
+def mobilenet_v2(batch=None):
+    k = _keras()
+    k.utils.set_random_seed(3)
+    m = k.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None,
+                                   classes=10)
+    opt = k.optimizers.SGD(0.01, momentum=0.9, nesterov=True)
+    return _custom_step(m, _sparse_ce(), opt, *_specs(batch, (32, 32, 3), ()))
+
+
+def mobilenet_v3_small(batch=None):
+    k = _keras()
+    k.utils.set_random_seed(4)
+    m = k.applications.MobileNetV3Small(input_shape=(32, 32, 3), alpha=0.75, weights=None,
+                                        classes=10, dropout_rate=0.2)
+    return _custom_step(m, _sparse_ce(), k.optimizers.Adam(1e-3), *_specs(batch, (32, 32, 3), ()))
+
+
+def efficientnet_b0(batch=None):
+    k = _keras()
+    k.utils.set_random_seed(5)
+    m = k.applications.EfficientNetB0(input_shape=(32, 32, 3), weights=None, classes=10)
+    opt = k.optimizers.RMSprop(1e-3, momentum=0.9)
+    return _custom_step(m, _sparse_ce(), opt, *_specs(batch, (32, 32, 3), ()))
+
+
+def densenet121(batch=None):
+    k = _keras()
+    k.utils.set_random_seed(6)
+    m = k.applications.DenseNet121(input_shape=(32, 32, 3), weights=None, classes=10)
+    return _custom_step(m, _sparse_ce(), k.optimizers.Adam(1e-3), *_specs(batch, (32, 32, 3), ()))
+
+
+def resnet50(batch=None):
+    k = _keras()
+    k.utils.set_random_seed(7)
+    m = k.applications.ResNet50(input_shape=(32, 32, 3), weights=None, classes=10)
+    opt = k.optimizers.SGD(0.01, momentum=0.9)
+    return _custom_step(m, _sparse_ce(), opt, *_specs(batch, (32, 32, 3), ()))
+
+
+def _unet(k, dims, shape, base, depth):
+    conv = k.layers.Conv2D if dims == 2 else k.layers.Conv3D
+    up = k.layers.Conv2DTranspose if dims == 2 else k.layers.Conv3DTranspose
+    pool = k.layers.MaxPooling2D if dims == 2 else k.layers.MaxPooling3D
+    x = inp = k.Input(shape)
+    skips = []
+    for d in range(depth):
+        for _ in range(2):
+            x = conv(base * 2**d, 3, padding="same", use_bias=False)(x)
+            x = k.layers.BatchNormalization()(x)
+            x = k.layers.ReLU()(x)
+        skips.append(x)
+        x = pool()(x)
+    x = conv(base * 2**depth, 3, padding="same", activation="relu")(x)
+    for d in reversed(range(depth)):
+        x = up(base * 2**d, 2, strides=2, padding="same")(x)
+        x = k.layers.Concatenate()([x, skips[d]])
+        x = conv(base * 2**d, 3, padding="same", activation="relu")(x)
+    x = conv(2, 1)(x)
+    return k.Model(inp, x, name=f"unet{dims}d")
+
+
+def unet2d(batch=None):
+    k = _keras()
+    k.utils.set_random_seed(8)
+    m = _unet(k, 2, (64, 64, 1), 8, 3)
+    return _custom_step(m, _sparse_ce(), k.optimizers.Adam(1e-3),
+                        *_specs(batch, (64, 64, 1), (64, 64)))
+
+
+def unet3d(batch=None):
+    k = _keras()
+    k.utils.set_random_seed(9)
+    m = _unet(k, 3, (16, 16, 16, 1), 4, 2)
+    opt = k.optimizers.SGD(0.01, momentum=0.9)
+    return _custom_step(m, _sparse_ce(), opt, *_specs(batch, (16, 16, 16, 1), (16, 16, 16)))
+
+
+def _transformer_block(k, x, heads, dim, causal, rate):
+    a = k.layers.MultiHeadAttention(heads, dim // heads, dropout=rate)(
+        x, x, use_causal_mask=causal)
+    x = k.layers.LayerNormalization()(x + k.layers.Dropout(rate)(a))
+    f = k.layers.Dense(dim * 4, activation="gelu")(x)
+    f = k.layers.Dropout(rate)(k.layers.Dense(dim)(f))
+    return k.layers.LayerNormalization()(x + f)
+
+
+def transformer_encoder(batch=None):
+    k = _keras()
+    k.utils.set_random_seed(10)
+    inp = k.Input((32,), dtype="int32")
+    x = k.layers.Embedding(500, 64)(inp)
+    for _ in range(2):
+        x = _transformer_block(k, x, 4, 64, False, 0.1)
+    x = k.layers.Dense(3)(k.layers.GlobalAveragePooling1D()(x))
+    m = k.Model(inp, x, name="encoder")
+    opt = k.optimizers.AdamW(1e-3, weight_decay=0.01)
+    return _custom_step(m, _sparse_ce(), opt, *_specs(batch, (32,), (), "int32"), clip=1.0)
+
+
+def gpt_decoder(batch=None):
+    k = _keras()
+    k.utils.set_random_seed(11)
+    inp = k.Input((64,), dtype="int32")
+    x = k.layers.Embedding(1000, 64)(inp)
+    for _ in range(2):
+        x = _transformer_block(k, x, 4, 64, True, 0.1)
+    x = k.layers.Dense(1000)(x)
+    m = k.Model(inp, x, name="gpt")
+    opt = k.optimizers.AdamW(3e-4, weight_decay=0.1)
+    return _custom_step(m, _sparse_ce(), opt, *_specs(batch, (64,), (64,), "int32"))
+
+
+def gru_lstm(batch=None):
+    k = _keras()
+    k.utils.set_random_seed(12)
+    m = k.Sequential([k.Input((20,), dtype="int32"), k.layers.Embedding(200, 32),
+                      k.layers.GRU(48, return_sequences=True), k.layers.LSTM(48),
+                      k.layers.Dense(5)], name="grulstm")
+    return _custom_step(m, _sparse_ce(), k.optimizers.Adam(1e-3),
+                        *_specs(batch, (20,), (), "int32"))
+
+
+def stacked_lstm(batch=None):
+    k = _keras()
+    k.utils.set_random_seed(13)
+    m = k.Sequential([k.Input((16, 8)), k.layers.LSTM(64, return_sequences=True),
+                      k.layers.LSTM(64), k.layers.Dense(4)], name="lstm2")
+    return _custom_step(m, _sparse_ce(), k.optimizers.RMSprop(1e-3), *_specs(batch, (16, 8), ()))
+
+
+def mixed_precision_cnn(batch=None):
+    k = _keras()
+    k.utils.set_random_seed(14)
+    k.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        m = k.Sequential([k.Input((32, 32, 3)),
+                          k.layers.Conv2D(16, 3, padding="same", activation="relu"),
+                          k.layers.Conv2D(32, 3, padding="same", activation="relu"),
+                          k.layers.MaxPooling2D(),
+                          k.layers.Conv2D(32, 3, padding="same", activation="relu"),
+                          k.layers.GlobalAveragePooling2D(),
+                          k.layers.Dense(10, dtype="float32")], name="mpcnn")
+        opt = k.optimizers.LossScaleOptimizer(k.optimizers.Adam(1e-3))
+        return _custom_step(m, _sparse_ce(), opt, *_specs(batch, (32, 32, 3), ()))
+    finally:
+        k.mixed_precision.set_global_policy("float32")
+
+
+def fit_cnn(batch=None):
+    k = _keras()
+    k.utils.set_random_seed(15)
+    m = k.Sequential([k.Input((28, 28, 1)), k.layers.Conv2D(16, 3, activation="relu"),
+                      k.layers.MaxPooling2D(), k.layers.Dropout(0.25), k.layers.Flatten(),
+                      k.layers.Dense(32, activation="relu"), k.layers.Dense(10)], name="fitcnn")
+    m.compile(optimizer=k.optimizers.Adam(1e-3), loss=_sparse_ce(), metrics=["accuracy"])
+    return _fit_step(m, *_specs(batch, (28, 28, 1), ()))
+
+
+def fit_mixed_transformer(batch=None):
+    k = _keras()
+    k.utils.set_random_seed(16)
+    k.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        inp = k.Input((32,), dtype="int32")
+        x = k.layers.Embedding(300, 32)(inp)
+        x = _transformer_block(k, x, 2, 32, False, 0.1)
+        x = k.layers.Dense(4, dtype="float32")(k.layers.GlobalAveragePooling1D()(x))
+        m = k.Model(inp, x, name="fitmp")
+        m.compile(optimizer=k.optimizers.Adam(1e-3), loss=_sparse_ce())
+        return _fit_step(m, *_specs(batch, (32,), (), "int32"))
+    finally:
+        k.mixed_precision.set_global_policy("float32")
+
+
+def stochastic_depth_cnn(batch=None):
+    """Residual blocks dropped at random per sample (stochastic depth, as EfficientNet)."""
+    k = _keras()
+    k.utils.set_random_seed(17)
+    x = inp = k.Input((32, 32, 8))
+    for _ in range(3):
+        y = k.layers.Conv2D(8, 3, padding="same", activation="swish")(x)
+        y = k.layers.BatchNormalization()(y)
+        y = k.layers.Dropout(0.2, noise_shape=(None, 1, 1, 1))(y)
+        x = k.layers.Add()([x, y])
+    x = k.layers.Dense(10)(k.layers.GlobalAveragePooling2D()(x))
+    m = k.Model(inp, x, name="sdcnn")
+    opt = k.optimizers.SGD(0.05, momentum=0.9)
+    return _custom_step(m, _sparse_ce(), opt, *_specs(batch, (32, 32, 8), ()))
+
+
+ENTRIES: tuple[Entry, ...] = (
+    Entry("mlp_dropout", mlp_dropout, 8, False),
+    Entry("bn_cnn", bn_cnn, 8, True),
+    Entry("mobilenet_v2", mobilenet_v2, 4, False),
+    Entry("mobilenet_v3_small", mobilenet_v3_small, 4, True),
+    Entry("efficientnet_b0", efficientnet_b0, 2, False),
+    Entry("unet2d", unet2d, 2, False),
+    Entry("unet3d", unet3d, 1, True),
+    Entry("transformer_encoder", transformer_encoder, 4, False),
+    Entry("gpt_decoder", gpt_decoder, 4, True),
+    Entry("gru_lstm", gru_lstm, 4, False),
+    Entry("stacked_lstm", stacked_lstm, 4, True),
+    Entry("mixed_precision_cnn", mixed_precision_cnn, 4, False),
+    Entry("fit_cnn", fit_cnn, 8, False),
+    Entry("fit_mixed_transformer", fit_mixed_transformer, 4, True),
+    Entry("stochastic_depth_cnn", stochastic_depth_cnn, 4, False),
+    Entry("densenet121", densenet121, 2, False, large=True),
+    Entry("resnet50", resnet50, 2, True, large=True),
+)
+BY_NAME = {e.name: e for e in ENTRIES}
+SMALL = tuple(e.name for e in ENTRIES if not e.large)
+
+
+def build(name: str) -> Built:
+    """Trace the step of zoo entry ``name`` in this process."""
+
+    from lmscore.tfgraph import graphdef_from_concrete_function
+
+    e = BY_NAME[name]
+    _keras().backend.clear_session()
+    cf, prefixes = e.build(e.batch if e.fixed_batch else None)
+    data = graphdef_from_concrete_function(cf)
+    return Built(
+        name=name,
+        graphdef=data,
+        batch=e.batch,
+        loss="zoo_loss",
+        forward_prefixes=prefixes,
+        function=cf,
+    )
+
+
+def write(out: pathlib.Path, names: list[str]) -> dict[str, Any]:
+    """Write ``NAME.pb`` and ``manifest.json`` (batch, loss, forward scopes) for ``names``."""
+    out.mkdir(parents=True, exist_ok=True)
+    manifest: dict[str, Any] = {}
+    for name in names:
+        b = build(name)
+        (out / f"{name}.pb").write_bytes(b.graphdef)
+        manifest[name] = {"batch": b.batch, "loss": b.loss,
+                          "forward_prefixes": list(b.forward_prefixes)}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+    target = pathlib.Path(sys.argv[1])
+    chosen = sys.argv[2:] or list(SMALL)
+    print(json.dumps(write(target, chosen), indent=1))
