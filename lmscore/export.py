@@ -299,7 +299,8 @@ class SwappedStep:
     function : tf.types.experimental.PolymorphicFunction
         A ``tf.function`` with the original step's input signature whose body imports
         :attr:`graphdef`, with the argument placeholders fed by the call's arguments and
-        the captured resource placeholders fed by :attr:`variables`' handles.
+        the captured resource placeholders fed by :attr:`variables`' handles. Its
+        function library (loop bodies, branches) is the original step's own definitions.
     plan : Plan
         The plan that was applied (without skipped swaps).
     rewrite : Rewrite
@@ -516,8 +517,16 @@ def _step_from_function(
             expand_composites=True,
         )
 
+    # The exported library is the shape-annotated copy of the step's functions
+    # (``as_graph_def(add_shapes=True)``) under the same names as the definitions TensorFlow
+    # registered for the step. Importing that copy gives the rewritten graph a second,
+    # different definition per name, which TensorFlow refuses to register ("duplicate
+    # function ... definitions differ") when the graph's functions are added to the eager
+    # context, as ``tf.saved_model.save`` does. The rewrite never changes function bodies,
+    # so import the step's own definitions instead.
     fn = _importing_function(
-        tf, data, arg_names, tuple(args_sig), captures, out_names, pack, source
+        tf, data, arg_names, tuple(args_sig), captures, out_names, pack, source,
+        library=fg.as_graph_def().library,
     )
     return fn, variables
 
@@ -531,15 +540,20 @@ def _importing_function(
     out_names: Sequence[str],
     pack: Callable[[Sequence[Any]], Any],
     source: str,
+    *,
+    library: Any = None,
 ) -> Any:
     """A traced ``tf.function`` whose body imports the GraphDef ``data``.
 
     Argument placeholders are fed by the call's (flattened) arguments, capture
     placeholders by the captures (variables by their handle); both are dropped from the
     imported GraphDef. The function returns ``pack`` of the imported ``out_names``.
+    ``library`` (a ``FunctionDefLibrary``), when given, replaces ``data``'s own.
     """
     gd = tf.compat.v1.GraphDef()
     gd.ParseFromString(data)
+    if library is not None:
+        gd.library.CopyFrom(library)
     mapped = set(arg_names) | {name for name, _ in captures}
     nodes = [n for n in gd.node if n.name not in mapped]
     del gd.node[:]
