@@ -619,7 +619,10 @@ def save_rewritten_saved_model(
     the step's input signature; it returns the loss and updates the variables) and the
     variables, saved with their values at the time of the call. Load it with
     ``tf.saved_model.load(path).train_step(x, y)``; :func:`lmscore.load` reads it back
-    as well (its default function is ``train_step``).
+    as well (its default function is ``train_step``). Custom gradients
+    (``tf.custom_gradient``) are not saved: the step's own backward pass is in its graph,
+    but TensorFlow cannot differentiate *through* the loaded ``train_step`` where such
+    ops are.
 
     Two sources are accepted:
 
@@ -695,9 +698,17 @@ def _save_atomic(tf: Any, module: Any, p: pathlib.Path) -> None:
         tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{p.name}.", dir=p.parent))
     except OSError as e:
         raise ConfigError(f"{p}: cannot write ({e.strerror})") from None
+    # Custom gradients (``tf.custom_gradient``, e.g. Keras' swish, or inside the cond of a
+    # loss-scaling optimizer) are Python closures over the *original* trace's tensors,
+    # keyed by the ``_gradient_op_type`` the imported ops still carry. The saver cannot
+    # re-trace them for the imported graph ("Found invalid capture", or "Unable to save
+    # gradient functions when exporting a _DefinedFunction" for ops inside imported
+    # cond/while bodies), and where it can they would describe the original graph. The
+    # step already holds its backward pass, so save no custom gradients.
+    options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
     try:
         try:
-            tf.saved_model.save(module, str(tmp))
+            tf.saved_model.save(module, str(tmp), options=options)
         except (TypeError, ValueError, AssertionError, tf.errors.OpError) as e:
             raise RunError(f"{p}: TensorFlow cannot save the step: {_line(e)}") from None
         old = p.parent / f"{tmp.name}.old" if p.exists() else None

@@ -1,4 +1,4 @@
-"""SavedModels of swapped Keras steps: while loops and a control.
+"""SavedModels of swapped Keras steps: while loops, conds, custom gradients and a control.
 
 Each test swaps a custom-loop step of a tiny model, saves it with
 :func:`lmscore.save_rewritten_saved_model`, loads it back with ``tf.saved_model.load`` and
@@ -8,6 +8,7 @@ are in the saved graph.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -157,3 +158,58 @@ def test_recurrent_step_with_a_while_loop(tmp_path, layer):
     module.train_step = swapped.function
     module.step_variables = list(swapped.variables)
     tf.saved_model.save(module, str(tmp_path / "plain"))
+
+
+@pytest.fixture
+def mixed_float16() -> Iterator[None]:
+    keras = pytest.importorskip("keras")
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.tf
+def test_loss_scaling_step_with_a_cond(tmp_path, mixed_float16):
+    keras = pytest.importorskip("keras")
+    model, x_spec = _dense_model("relu")
+    _tiny_params(model)
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())
+    step = _train_step(model, optimizer, x_spec)
+    graph = step.get_concrete_function().graph
+    assert any(op.type in ("If", "StatelessIf") for op in graph.get_operations())
+    _check_saved_step(tmp_path, step, *_batch((6,)))
+
+
+@pytest.fixture
+def no_remapper() -> Iterator[None]:
+    """Turn Grappler's remapper off (for the original and the loaded step alike).
+
+    With oneDNN, the remapper fuses ``x * sigmoid(x)`` into ``_MklSwish`` in the original
+    step, but not where a swap-in's trigger (a control input) hangs on the ``Sigmoid``: the
+    swapped step, already before any export, then differs from the original in the last
+    bits of the first layers' updates. That is the rewrite's numerics, not the export's.
+    """
+    tf = pytest.importorskip("tensorflow")
+    before = tf.config.optimizer.get_experimental_options().get("remapping", True)
+    tf.config.optimizer.set_experimental_options({"remapping": False})
+    try:
+        yield
+    finally:
+        tf.config.optimizer.set_experimental_options({"remapping": before})
+
+
+@pytest.mark.tf
+def test_swish_step_with_a_custom_gradient(tmp_path, no_remapper):
+    keras = pytest.importorskip("keras")
+    model, x_spec = _dense_model("swish")
+    _tiny_params(model)
+    step = _train_step(model, keras.optimizers.Adam(), x_spec)
+    graph = step.get_concrete_function().graph
+    # Keras' swish is a tf.custom_gradient: an IdentityN marked with its gradient's key.
+    assert any(
+        "_gradient_op_type" in op.node_def.attr and "dense" in op.name
+        for op in graph.get_operations()
+    )
+    _check_saved_step(tmp_path, step, *_batch((6,)))
