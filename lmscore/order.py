@@ -169,7 +169,13 @@ def distance(ordering: Ordering, producer: int, consumer: int) -> int:
     return ordering.levels[consumer] - ordering.levels[producer]
 
 
-def _is_write(op_type: str, input_dtypes: list[str]) -> bool:
+def _is_write(op_type: str, input_dtypes: list[str], n_outputs: int = 1) -> bool:
+    """Whether an op writes a resource it reads.
+
+    A stateful op with resource inputs and no outputs can only act on those resources:
+    a functional ``If`` applying the update (loss scaling skips non-finite steps that
+    way) is one.
+    """
     sig = op_signatures().get(op_type)
     if op_type in RESOURCE_READS:
         return False
@@ -177,7 +183,7 @@ def _is_write(op_type: str, input_dtypes: list[str]) -> bool:
         return bool(sig["stateful"]) or op_type.startswith(("Assign", "Apply", "Scatter"))
     return "resource" in input_dtypes and (
         op_type.startswith(("Assign", "ResourceApply", "ResourceSparseApply", "ResourceScatter"))
-        or (sig is not None and sig["stateful"] and not sig["out"])
+        or (sig is not None and sig["stateful"] and (not sig["out"] or not n_outputs))
     )
 
 
@@ -234,7 +240,7 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
     for i in reversed(topo):
         if cat[i] is None:
             succ = adj.succs[i]
-            only_writes[i] = _is_write(ops[i].type, in_dtypes(i)) or (
+            only_writes[i] = _is_write(ops[i].type, in_dtypes(i), len(ops[i].outputs)) or (
                 bool(succ) and all(only_writes[s] for s in succ)
             )
     update = [False] * n
@@ -242,7 +248,7 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
         if cat[i] is None and only_writes[i]:
             ins = adj.data_in[i]
             update[i] = (
-                _is_write(ops[i].type, in_dtypes(i))
+                _is_write(ops[i].type, in_dtypes(i), len(ops[i].outputs))
                 or not from_data[i]
                 or reads_state[i]
                 or all(update[p] or cat[p] == PERSISTENT for p, _ in ins)
@@ -250,7 +256,10 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
                 or (
                     ops[i].type in _ELEMENTWISE
                     and any(cat[p] == PERSISTENT for p, _ in ins)
-                    and all(_is_write(ops[s].type, in_dtypes(s)) for s in adj.succs[i])
+                    and all(
+                        _is_write(ops[s].type, in_dtypes(s), len(ops[s].outputs))
+                        for s in adj.succs[i]
+                    )
                 )
             )
     for i in topo:  # control-only joins after writes (the step's final NoOp)
@@ -281,28 +290,40 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
     loss = None
     from_seed = [False] * n
     meets_seed = [False] * n
+    gradient_side = [False] * n
     if any(update):
-        seed = _find_seed(graph, topo, cat)
-        if seed is not None and ops[seed].type == "OnesLike" and adj.data_in[seed]:
+        seed, loss, gradient_side = _gradient_structure(graph, topo, cat, from_input, only_writes)
+        if seed is None:  # no gradient kernel to tell the seed by: the widest constant 1
+            seed = _find_seed(graph, topo, cat)
+        if loss is None and seed is not None and ops[seed].type == "OnesLike" and adj.data_in[seed]:
             loss = adj.data_in[seed][0][0]
         if seed is not None:
             from_seed[seed] = True
             for i in topo:
                 if cat[i] is None and not from_seed[i]:
                     from_seed[i] = any(from_seed[p] for p, _ in adj.data_in[i])
+        # Partial gradients computed before they meet the seed (of a loss's denominator,
+        # of a broadcast's shape) lead into the backward pass.
+        for i in reversed(topo):
+            meets_seed[i] = any(
+                from_seed[c] or meets_seed[c]
+                for port in range(len(ops[i].outputs))
+                for c in adj.consumers.get((i, port), ())
+            )
+        # Values computed from the forward pass only to be stored (BatchNorm's moving
+        # statistics, a metric's running total) are updates of state, not gradients.
+        for i in topo:
+            if cat[i] is None and only_writes[i] and not (
+                from_seed[i] or gradient_side[i] or meets_seed[i]
+            ):
+                if seed is not None or loss is not None:
+                    cat[i] = UPDATE
         if loss is None:
             candidates = [
                 i for i in topo
                 if cat[i] is None and from_input[i] and not feeds_write[i] and not from_seed[i]
                 and ops[i].outputs and ops[i].outputs[0].dtype in _FLOATS
             ]
-            # Partial gradients computed before they meet the seed lead into gradient ops.
-            for i in reversed(topo):
-                meets_seed[i] = any(
-                    from_seed[c] or meets_seed[c]
-                    for port in range(len(ops[i].outputs))
-                    for c in adj.consumers.get((i, port), ())
-                )
             apart = [i for i in candidates if not meets_seed[i]]
             loss = _pick_loss(graph, apart or candidates)
     forward = [False] * n
@@ -320,7 +341,7 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
             continue
         if loss is None or forward[i]:
             cat[i] = FORWARD
-        elif feeds_write[i] or from_seed[i] or meets_seed[i] or any(
+        elif gradient_side[i] or feeds_write[i] or from_seed[i] or meets_seed[i] or any(
             cat[p] == BACKWARD for p, _ in adj.data_in[i]
         ):
             cat[i] = BACKWARD
@@ -328,6 +349,206 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
             cat[i] = FORWARD  # outputs and metrics that read the forward pass
     return tuple(c or FORWARD for c in cat), (ops[loss].name if loss is not None else None)
 
+
+#: Gradient kernels and the inputs that carry the incoming gradient; their other
+#: floating-point inputs are values of the forward pass.
+GRADIENT_PORTS: dict[str, tuple[int, ...]] = {
+    **dict.fromkeys(("ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "SoftplusGrad",
+                     "SoftsignGrad", "LeakyReluGrad", "BiasAddGrad", "BiasAddGradV1",
+                     "FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3",
+                     "ResizeBilinearGrad", "ResizeNearestNeighborGrad", "ResizeBicubicGrad",
+                     "LRNGrad", "GeluGrad"), (0,)),
+    **dict.fromkeys(("TanhGrad", "SigmoidGrad", "RsqrtGrad", "SqrtGrad", "ReciprocalGrad",
+                     "InvGrad", "AvgPoolGrad", "AvgPool3DGrad"), (1,)),
+    **dict.fromkeys(("Conv2DBackpropFilter", "Conv2DBackpropInput", "Conv3DBackpropFilter",
+                     "Conv3DBackpropInput", "Conv3DBackpropFilterV2", "Conv3DBackpropInputV2",
+                     "DepthwiseConv2dNativeBackpropFilter",
+                     "DepthwiseConv2dNativeBackpropInput", "MaxPoolGrad", "MaxPoolGradV2",
+                     "MaxPool3DGrad", "MaxPoolGradWithArgmax"), (2,)),
+    "StridedSliceGrad": (4,),
+}
+
+
+def _closure(
+    graph: Graph, start: list[int], cat: list[str | None], down: bool, values: bool = False
+) -> list[bool]:
+    """Ops reachable from ``start`` (included) through data edges among uncategorized ops.
+
+    With ``values``, shape-only ops stop the walk (their outputs ignore input values).
+    """
+    adj = graph.adjacency
+    ops = graph.ops
+    seen = [False] * len(ops)
+    stack = [i for i in start if cat[i] is None]
+    for i in stack:
+        seen[i] = True
+    while stack:
+        j = stack.pop()
+        if down:
+            nxt = [c for port in range(len(ops[j].outputs))
+                   for c in adj.consumers.get((j, port), ())]
+        else:
+            nxt = [p for p, _ in adj.data_in[j]]
+        for k in nxt:
+            if not seen[k] and cat[k] is None and not (values and ops[k].type in SHAPE_ONLY_OPS):
+                seen[k] = True
+                stack.append(k)
+    return seen
+
+
+def _gradient_structure(
+    graph: Graph,
+    topo: tuple[int, ...],
+    cat: list[str | None],
+    from_input: list[bool],
+    only_writes: list[bool],
+) -> tuple[int | None, int | None, list[bool]]:
+    """Gradient seed, loss and the ops of the backward pass, found from gradient kernels.
+
+    Gradient kernels (``ReluGrad``, ``Conv2DBackpropFilter``...) read the incoming gradient
+    on known inputs (:data:`GRADIENT_PORTS`) and values of the forward pass on the others.
+    So the ancestors of their forward inputs are the forward side, and the gradient seed
+    is a constant 1 that leads to a gradient input without being on the forward side: a
+    dropout's random range or the ``1`` of ``1 + erf(x)`` feed forward values and cannot be
+    taken for it. The loss is then a floating-point scalar computed from the feeds, not
+    from the seed nor from a gradient kernel; of those, the one with the most data
+    ancestors, walked back from values that only scale it for a write or for the tape
+    (loss scaling, a metric's running total) to the value the step returns.
+
+    Returns
+    -------
+    seed, loss : int or None
+        None when the graph has no gradient kernel (or no candidate).
+    backward : list of bool
+        Ops downstream of the seed or of a gradient kernel.
+    """
+    ops = graph.ops
+    adj = graph.adjacency
+    n = len(ops)
+    kernels = [i for i in topo if cat[i] is None and ops[i].type in GRADIENT_PORTS]
+    if not kernels:
+        return None, None, [False] * n
+    fwd_in, grad_in = [], []
+    for k in kernels:
+        ports = GRADIENT_PORTS[ops[k].type]
+        for j, (p, port) in enumerate(adj.data_in[k]):
+            if ops[p].outputs[port].dtype in _FLOATS:
+                (grad_in if j in ports else fwd_in).append(p)
+    forward_side = _closure(graph, fwd_in, cat, down=False)
+    to_gradient = _closure(graph, grad_in, cat, down=False)
+    seeds = [i for i in _one_constants(graph, topo, cat) if not forward_side[i] and any(
+        to_gradient[c] for c in adj.consumers.get((i, 0), ()))]
+    # A constant 1 of the forward pass (a dropout mask's range, the 1 of 1 + erf(x))
+    # computes values that the seed's consumers read, and the seed's own first ops (the
+    # gradient of the loss's reduction) lie outside its reach: such a constant is
+    # dropped. A constant 1 of the backward pass (a mean over one element) is reached
+    # from the seed entirely, and loses to it on reach.
+    below_of = {
+        s: _closure(graph, list(adj.consumers.get((s, 0), ())), cat, down=True, values=True)
+        for s in seeds
+    }
+    # What each candidate first meets: the values its own constant arithmetic is
+    # combined with (a dropout's random numbers; the forward values the seed's consumers
+    # read), not what ops further down read.
+    reads_from = {}
+    for s, d in below_of.items():
+        pure = {s}
+        outside: set[int] = set()
+        for j in topo:
+            if not d[j]:
+                continue
+            ins = [p for p, _ in adj.data_in[j]]
+            if not any(p in pure for p in ins):
+                continue
+            other = [p for p in ins if p not in pure and cat[p] is None]
+            if other:
+                outside.update(other)
+            else:
+                pure.add(j)
+        reads_from[s] = outside
+
+    def inside(a: list[bool], b: list[bool]) -> bool:
+        return all(y or not x for x, y in zip(a, b, strict=True))
+
+    upstream = {
+        s for s in seeds
+        if any(
+            t != s and any(below_of[s][p] for p in reads_from[t])
+            and not inside(below_of[t], below_of[s])
+            for t in seeds
+        )
+    }
+    seed = max((s for s in seeds if s not in upstream), key=lambda s: sum(below_of[s]),
+               default=None)
+    below_seed = below_of[seed] if seed is not None else [False] * n
+    # Without a seed, what the gradient kernels compute; with one, only what it reaches:
+    # a transposed convolution runs a gradient kernel in the forward pass.
+    backward = below_seed if seed is not None else _closure(graph, kernels, cat, down=True)
+
+    def scalar_value(i: int) -> bool:
+        spec = ops[i].outputs[0] if ops[i].outputs else None
+        return (
+            spec is not None and spec.dtype in _FLOATS and spec.shape is not None
+            and all(d == 1 for d in spec.shape) and from_input[i] and cat[i] is None
+        )
+
+    # Partial gradients computed before they meet the seed (of a loss's denominator, say)
+    # lead into the backward pass; the loss does not.
+    meets = [False] * n
+    for i in reversed(topo):
+        meets[i] = any(
+            below_seed[c] or meets[c]
+            for port in range(len(ops[i].outputs))
+            for c in adj.consumers.get((i, port), ())
+        )
+    apart = [i for i in topo if scalar_value(i) and not backward[i]]
+    pool = [i for i in apart if not meets[i]] or apart
+    if not pool:
+        return seed, None, backward
+    size = {i: len(_ancestors(graph, i)) for i in pool}
+    loss = max(pool, key=lambda i: (size[i], -i))
+    in_pool = set(pool)
+    while True:
+        readers = adj.consumers.get((loss, 0), ())
+        if readers and not all(only_writes[c] for c in readers):
+            break
+        ins = [p for p, _ in adj.data_in[loss] if p in in_pool]
+        if not ins:
+            break
+        loss = max(ins, key=lambda i: (size[i], -i))
+    return seed, loss, backward
+
+
+def _ancestors(graph: Graph, i: int) -> set[int]:
+    """Data ancestors of op ``i`` (itself included)."""
+    adj = graph.adjacency
+    seen = {i}
+    stack = [i]
+    while stack:
+        for p, _ in adj.data_in[stack.pop()]:
+            if p not in seen:
+                seen.add(p)
+                stack.append(p)
+    return seen
+
+
+def _one_constants(graph: Graph, topo: tuple[int, ...], cat: list[str | None]) -> list[int]:
+    """Floating-point constants equal to 1 (``Const``, ``Fill`` of one, ``OnesLike``)."""
+    ops = graph.ops
+    adj = graph.adjacency
+
+    def one(i: int) -> bool:
+        while ops[i].type == "Fill" and len(adj.data_in[i]) == 2:  # Fill(shape, Fill(...))
+            i = adj.data_in[i][1][0]
+        return ops[i].type == "Const" and ops[i].attrs.get("value") == (1.0,)
+
+    return [
+        i for i in topo
+        if ops[i].outputs and ops[i].outputs[0].dtype in _FLOATS
+        and (ops[i].type == "OnesLike" and cat[i] is None
+             or ops[i].type in ("Const", "Fill") and one(i))
+        and any(cat[c] is None for c in adj.consumers.get((i, 0), ()))
+    ]
 
 def _find_seed(graph: Graph, topo: tuple[int, ...], cat: list[str | None]) -> int | None:
     """The gradient seed: the constant 1 (or ``OnesLike``) that reaches the most gradient ops.
@@ -340,17 +561,7 @@ def _find_seed(graph: Graph, topo: tuple[int, ...], cat: list[str | None]) -> in
     likes = [i for i in topo if ops[i].type == "OnesLike" and cat[i] is None]
     if len(likes) == 1:
         return likes[0]
-    def one(i: int) -> bool:
-        while ops[i].type == "Fill" and len(adj.data_in[i]) == 2:  # Fill(shape, Fill(...))
-            i = adj.data_in[i][1][0]
-        return ops[i].type == "Const" and ops[i].attrs.get("value") == (1.0,)
-
-    seeds = [
-        i for i in topo
-        if ops[i].type in ("Const", "Fill") and ops[i].outputs
-        and ops[i].outputs[0].dtype in _FLOATS and one(i)
-        and any(cat[c] is None for c in succs_of.get((i, 0), ()))
-    ][:64]
+    seeds = _one_constants(graph, topo, cat)[:64]
 
     def reach(s: int) -> int:
         seen = {s}

@@ -22,6 +22,7 @@ Run as a script to write the zoo as GraphDefs::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -145,7 +146,7 @@ def mobilenet_v2(batch=None):
     k = _keras()
     k.utils.set_random_seed(3)
     m = k.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None,
-                                   classes=10)
+                                   classes=10, classifier_activation=None)
     opt = k.optimizers.SGD(0.01, momentum=0.9, nesterov=True)
     return _custom_step(m, _sparse_ce(), opt, *_specs(batch, (32, 32, 3), ()))
 
@@ -154,14 +155,15 @@ def mobilenet_v3_small(batch=None):
     k = _keras()
     k.utils.set_random_seed(4)
     m = k.applications.MobileNetV3Small(input_shape=(32, 32, 3), alpha=0.75, weights=None,
-                                        classes=10, dropout_rate=0.2)
+                                        classes=10, classifier_activation=None, dropout_rate=0.2)
     return _custom_step(m, _sparse_ce(), k.optimizers.Adam(1e-3), *_specs(batch, (32, 32, 3), ()))
 
 
 def efficientnet_b0(batch=None):
     k = _keras()
     k.utils.set_random_seed(5)
-    m = k.applications.EfficientNetB0(input_shape=(32, 32, 3), weights=None, classes=10)
+    m = k.applications.EfficientNetB0(input_shape=(32, 32, 3), weights=None, classes=10,
+                                        classifier_activation=None)
     opt = k.optimizers.RMSprop(1e-3, momentum=0.9)
     return _custom_step(m, _sparse_ce(), opt, *_specs(batch, (32, 32, 3), ()))
 
@@ -169,14 +171,16 @@ def efficientnet_b0(batch=None):
 def densenet121(batch=None):
     k = _keras()
     k.utils.set_random_seed(6)
-    m = k.applications.DenseNet121(input_shape=(32, 32, 3), weights=None, classes=10)
+    m = k.applications.DenseNet121(input_shape=(32, 32, 3), weights=None, classes=10,
+                                     classifier_activation=None)
     return _custom_step(m, _sparse_ce(), k.optimizers.Adam(1e-3), *_specs(batch, (32, 32, 3), ()))
 
 
 def resnet50(batch=None):
     k = _keras()
     k.utils.set_random_seed(7)
-    m = k.applications.ResNet50(input_shape=(32, 32, 3), weights=None, classes=10)
+    m = k.applications.ResNet50(input_shape=(32, 32, 3), weights=None, classes=10,
+                                  classifier_activation=None)
     opt = k.optimizers.SGD(0.01, momentum=0.9)
     return _custom_step(m, _sparse_ce(), opt, *_specs(batch, (32, 32, 3), ()))
 
@@ -372,6 +376,26 @@ def build(name: str) -> Built:
         forward_prefixes=prefixes,
         function=cf,
     )
+
+
+@functools.cache
+def build_info(name: str) -> dict[str, Any]:
+    """Ground truth of ``name``: ``loss`` (last name component) and ``forward_prefixes``."""
+    b = _built(name)
+    return {"loss": b.loss, "forward_prefixes": b.forward_prefixes}
+
+
+@functools.cache
+def _built(name: str) -> Built:
+    return build(name)
+
+
+@functools.cache
+def graph(name: str) -> Any:
+    """The IR of zoo entry ``name``, traced once per process."""
+    import lmscore
+
+    return lmscore.from_graphdef_bytes(_built(name).graphdef, source=name, text=False)
 
 
 def write(out: pathlib.Path, names: list[str]) -> dict[str, Any]:
