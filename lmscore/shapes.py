@@ -20,8 +20,10 @@ is reported in :attr:`Sizes.unknown` and counts as 0 bytes in the simulation, ne
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from .errors import ConfigError, GraphError
 from .ir import FEED_OPS, VARIABLE_OPS, Graph, Op, dtype_bytes
@@ -415,8 +417,113 @@ def _variable_bytes(
                 break
         if best < 0:
             best = _bytes_from_update(graph, i, nbytes)
+        if best < 0:
+            best = _bytes_in_functions(graph, i)
         out[op.name] = best
     return out
+
+
+#: Functional ops whose inputs become the arguments of a library function, with the
+#: function attributes and the offset of input ``k`` to argument ``k - offset``.
+_CALLS: dict[str, tuple[tuple[str, ...], int]] = {
+    "PartitionedCall": (("f",), 0), "StatefulPartitionedCall": (("f",), 0),
+    "While": (("body", "cond"), 0), "StatelessWhile": (("body", "cond"), 0),
+    "If": (("then_branch", "else_branch"), 1), "StatelessIf": (("then_branch", "else_branch"), 1),
+    "Case": (("branches",), 1), "StatelessCase": (("branches",), 1),
+}
+
+
+def _bytes_in_functions(graph: Graph, var: int) -> int:
+    """Size of a variable that only function bodies read or update, or -1.
+
+    A variable passed to a functional op (the loss-scale ``If`` of mixed precision holds
+    every optimizer slot) is still resident for the whole step; its size is what the
+    reads inside the body show (``ReadVariableOp`` outputs carry ``_output_shapes``).
+    """
+    adj = graph.adjacency
+    calls = [
+        (graph.ops[c], k) for c in adj.consumers.get((var, 0), ())
+        for k, t in enumerate(adj.data_in[c]) if t == (var, 0) and graph.ops[c].type in _CALLS
+    ]
+    if not calls or graph.graphdef is None:
+        return -1
+    library = _library(graph.graphdef)
+    for op, k in calls:
+        attrs, offset = _CALLS[op.type]
+        for fname in _call_targets(graph.graphdef, op.name, attrs):
+            b = _arg_bytes(library, fname, k - offset, set())
+            if b >= 0:
+                return b
+    return -1
+
+
+@functools.lru_cache(maxsize=4)
+def _library(graphdef: bytes) -> dict[str, Any]:
+    """The function library of a serialized GraphDef, by function name."""
+    from tensorboard.compat.proto import graph_pb2
+
+    gd = graph_pb2.GraphDef()
+    gd.ParseFromString(graphdef)
+    return {f.signature.name: f for f in gd.library.function}
+
+
+@functools.lru_cache(maxsize=4)
+def _call_nodes(graphdef: bytes) -> dict[str, Any]:
+    from tensorboard.compat.proto import graph_pb2
+
+    gd = graph_pb2.GraphDef()
+    gd.ParseFromString(graphdef)
+    return {n.name: n for n in gd.node if n.op in _CALLS}
+
+
+def _call_targets(graphdef: bytes, name: str, attrs: tuple[str, ...]) -> list[str]:
+    node = _call_nodes(graphdef).get(name)
+    return [] if node is None else _func_names(node, attrs)
+
+
+def _func_names(node: Any, attrs: tuple[str, ...]) -> list[str]:
+    out = []
+    for key in attrs:
+        if key in node.attr:
+            a = node.attr[key]
+            out += [f.name for f in a.list.func] if a.list.func else [a.func.name]
+    return [n for n in out if n]
+
+
+def _dtype_name(enum: int) -> str:
+    """TensorFlow's dtype name for a ``DataType`` enum (``DT_HALF`` -> ``"half"``)."""
+    from tensorboard.compat.proto import types_pb2
+
+    name = types_pb2.DataType.Name(enum) if enum in types_pb2.DataType.values() else ""
+    return name[3:].lower()
+
+
+def _arg_bytes(library: dict[str, Any], fname: str, k: int, seen: set[str]) -> int:
+    """Bytes of resource argument ``k`` of function ``fname``, from the reads of it."""
+    f = library.get(fname)
+    if f is None or fname in seen or not 0 <= k < len(f.signature.input_arg):
+        return -1
+    seen.add(fname)
+    arg = f.signature.input_arg[k].name
+    for node in f.node_def:
+        ins = [t for t in node.input if not t.startswith("^")]
+        for j, t in enumerate(ins):
+            if t.split(":")[0] != arg:
+                continue
+            if node.op == "ReadVariableOp" and "_output_shapes" in node.attr:
+                shapes = node.attr["_output_shapes"].list.shape
+                dtype = _dtype_name(node.attr["dtype"].type)
+                if shapes and not shapes[0].unknown_rank:
+                    b = _bytes(tuple(d.size for d in shapes[0].dim), dtype)
+                    if b >= 0:
+                        return b
+            if node.op in _CALLS:
+                attrs, offset = _CALLS[node.op]
+                for inner in _func_names(node, attrs):
+                    b = _arg_bytes(library, inner, j - offset, seen)
+                    if b >= 0:
+                        return b
+    return -1
 
 
 def _bytes_from_update(graph: Graph, var: int, nbytes: list[tuple[int, ...]]) -> int:
