@@ -14,7 +14,9 @@ What TensorFlow records on the CPU (TF 2.21, observed)
   ``alloc_bytes`` is a deallocation. The deallocation of a tensor is recorded under the
   node that *allocated* it, at the time its last reference is dropped, so the records
   pair up within one node. Sizes are the requested bytes. On the CPU there is a single
-  allocator, named ``"cpu"`` (no ``"cpu_pool"``); its ``allocator_bytes_in_use`` is
+  allocator, named ``"cpu"`` when TensorFlow runs its Eigen kernels and ``"mklcpu"`` when
+  it runs oneDNN (``TF_ENABLE_ONEDNN_OPTS``, on by default on recent x86 CPUs; see
+  :attr:`Measurement.kernel_library`), never ``"cpu_pool"``; its ``allocator_bytes_in_use`` is
   always 0 (the CPU allocator keeps no statistics), ``referenced_tensor`` is always
   empty and ``memory_stats.temp_memory_size`` is set for a handful of kernels only, so
   the allocation records are the one complete source; ``output`` descriptions (buffer
@@ -39,7 +41,8 @@ What TensorFlow records on the CPU (TF 2.21, observed)
 * Scratch memory a kernel takes outside the TensorFlow allocator (Eigen or oneDNN
   internals) is not recorded. Scratch taken through it is, and can dominate a small
   model: the CPU ``Conv2DBackpropFilter``/``Conv2DBackpropInput`` kernels allocate a
-  ~24 MiB work buffer even for tiny convolutions.
+  ~24 MiB work buffer even for tiny convolutions (Eigen kernels; oneDNN's allocate
+  none, but its ``MaxPool`` outputs a workspace that lives until ``MaxPoolGrad``).
 
 With ``devices=2`` the session has two logical CPU devices that share the same ``"cpu"``
 allocator (same name, same heap); allocations are attributed to a device by the
@@ -80,7 +83,7 @@ from tensorflow.python.framework import op_def_registry
 
 from lmscore.errors import ConfigError, GraphError, RunError
 
-__all__ = ["Allocation", "Measurement", "measure", "synthetic_inputs"]
+__all__ = ["CPU_ALLOCATORS", "Allocation", "Measurement", "measure", "synthetic_inputs"]
 
 _RESOURCE = tf.resource.as_datatype_enum
 _PREFIX = "lms_measure"
@@ -183,7 +186,8 @@ class Allocation:
     device : str
         Short device name, e.g. ``"CPU:0"``.
     allocator : str
-        Allocator name from the records (``"cpu"``), or ``"feed"`` for a fed input.
+        Allocator name from the records (``"cpu"``, or ``"mklcpu"`` with oneDNN), or
+        ``"feed"`` for a fed input.
     bytes : int
         Size of the buffer.
     alloc_us : int
@@ -234,6 +238,24 @@ class Measurement:
     variables: Mapping[str, np.ndarray]
     finite: bool
     step_seconds: tuple[float, ...] = ()
+
+    @property
+    def kernel_library(self) -> str:
+        """The CPU kernel library the step ran with, read from the allocator's name.
+
+        ``"onednn"`` (allocator ``"mklcpu"``), ``"eigen"`` (``"cpu"``), or ``""`` when the
+        step allocated nothing through TensorFlow.
+        """
+        names = {a.allocator for a in self.allocations}
+        for name, library in CPU_ALLOCATORS.items():
+            if name in names:
+                return library
+        return ""
+
+
+#: CPU allocator names in TensorFlow's records and the kernel library each one means:
+#: with oneDNN on, the CPU device allocates through its own ``MklCPUAllocator``.
+CPU_ALLOCATORS = {"mklcpu": "onednn", "cpu": "eigen"}
 
 
 @dataclass(frozen=True)

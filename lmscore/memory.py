@@ -14,13 +14,19 @@ The simulation is "first and last use, then one sweep over events":
    it was the last reader of.
 
 Ops placed on the host (swap-outs of a rewritten graph) allocate on the host curve.
-Tensors of unknown size count 0 bytes and are reported.
+Tensors of unknown size count 0 bytes and are reported. A variable written while an
+earlier read of it is still in use gets a second buffer until that read is done
+(copy-on-write). Kernel workspace follows the ``workspace`` model of :func:`simulate`:
+none for accelerators (the default, independent of the machine), TensorFlow's Eigen or
+oneDNN CPU kernels for validation on this CPU.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -186,20 +192,76 @@ class Simulation:
     peak_position: int = 0
 
 
-@functools.cache
-def _cache_bytes() -> int:
-    """Last-level cache size, which TensorFlow's CPU conv kernels use to size their work."""
-    try:
-        text = open("/sys/devices/system/cpu/cpu0/cache/index3/size").read().strip()
-        return int(text.rstrip("KMG")) * {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1], 1)
-    except (OSError, ValueError):
-        return 32 * 2**20
+#: Kernel workspace models :func:`simulate` accepts (see its ``workspace`` parameter).
+WORKSPACES = ("accelerator", "eigen", "onednn", "none", "cpu")
 
+#: Working-set target of TensorFlow's CPU convolution-gradient kernels: a constant in the
+#: kernels (``l3_cache_size = 30LL << 20`` in ``conv_grad_input_ops.h``,
+#: ``conv_grad_filter_ops.cc`` and ``conv_grad_ops_3d.cc``), not this machine's cache.
+_TF_CPU_L3 = 30 << 20
+#: Per-thread work below which the input-gradient kernel shards the batch instead of
+#: running one parallel contraction (``l2_cache_size = 256LL << 10`` there).
+_TF_CPU_L2 = 256 << 10
+#: The 3-D kernels fall back to Eigen (no im2col buffer) above this buffer/tensors ratio
+#: (``kMaxTempAllocationOverhead`` in ``conv_grad_ops_3d.cc``).
+_MAX_OVERHEAD_3D = 25
 
 _CONV_SCRATCH = frozenset({
-    "Conv2DBackpropFilter", "Conv3DBackpropFilterV2", "Conv3DBackpropInputV2",
-    "Conv3DBackpropFilter", "Conv3DBackpropInput",
+    "Conv2DBackpropFilter", "Conv2DBackpropInput",
+    "Conv3DBackpropFilterV2", "Conv3DBackpropInputV2", "Conv3DBackpropFilter",
+    "Conv3DBackpropInput",
 })
+#: Dtypes whose convolutions oneDNN runs on the CPU; the others (half, double) keep
+#: TensorFlow's Eigen kernels even with oneDNN on (measured: a float16 Conv2D gradient
+#: allocates the same im2col buffer with and without ``TF_ENABLE_ONEDNN_OPTS``).
+_ONEDNN_DTYPES = frozenset({"float", "bfloat16"})
+
+
+def cpu_kernel_library() -> str:
+    """The CPU kernel library TensorFlow runs in this process: ``"onednn"`` or ``"eigen"``.
+
+    TensorFlow decides once per process, from ``TF_ENABLE_ONEDNN_OPTS`` and, when it is
+    unset, from the CPU (x86 Linux builds turn oneDNN on by default on CPUs with AVX-512
+    VNNI, AVX-512 BF16, AVX-VNNI or AMX). When TensorFlow is already imported its own
+    answer (``IsMklEnabled``, the function behind that decision) is used; otherwise the
+    variable and the CPU flags in ``/proc/cpuinfo`` are read the same way, so that asking
+    never imports TensorFlow. A measured step tells for sure: see
+    :attr:`lmscore.measure.Measurement.kernel_library`. Only CPU validation needs this:
+    predictions for accelerators never depend on the machine they are made on.
+
+    Returns
+    -------
+    str
+        ``"onednn"`` or ``"eigen"``.
+    """
+    if "tensorflow" in sys.modules:
+        try:
+            from tensorflow.python.util import _pywrap_util_port
+
+            return "onednn" if _pywrap_util_port.IsMklEnabled() else "eigen"
+        except (ImportError, AttributeError):  # a private module: it may move
+            pass
+    flag = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "").strip().lower()
+    if flag in ("0", "false"):
+        return "eigen"
+    if flag in ("1", "true"):
+        return "onednn"
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(f.read().split())
+    except OSError:
+        return "eigen"
+    vnni = {"avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8"}
+    return "onednn" if flags & vnni and os.uname().machine in ("x86_64", "AMD64") else "eigen"
+
+
+@functools.cache
+def _cpu_threads() -> int:
+    """Threads of TensorFlow's intra-op pool by default: the schedulable CPUs."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def cpu_scratch_bytes(
@@ -208,17 +270,44 @@ def cpu_scratch_bytes(
     out_backprop: tuple[int, ...] | None,
     input_shape: tuple[int, ...] | None,
     dtype_size: int,
-    cache_bytes: int,
+    threads: int = 1,
 ) -> int:
-    """Workspace of TensorFlow's CPU convolution-gradient kernels (an im2col buffer).
+    """Workspace of TensorFlow's Eigen convolution-gradient kernels (an im2col buffer).
 
-    The kernels process ``shard`` images at a time with a ``[shard, output pixels,
-    filter taps x input channels]`` buffer, ``shard`` chosen so that one work unit fits the
-    last-level cache (3-D kernels use one image at batch 1), and fall back to a bufferless
-    path when the buffer would exceed 25x the tensors involved (``conv_grad_ops*.cc``).
+    The kernels (``Conv2DCustomBackprop{Filter,Input}Op`` and their 3-D versions) lower
+    the gradient to matrix products over a ``[shard, output pixels, filter taps x input
+    channels]`` buffer. ``shard = ceil(30 MiB / dtype size / work)`` images, with ``work``
+    the elements of one image's three matrices, *not* capped by the batch: a 16x16 layer
+    at batch 8 gets a 22 MiB buffer. The input-gradient kernel uses one image instead when
+    the batch is 1 or the per-thread work exceeds 256 KiB. No case is skipped: 1x1 filters
+    take the same path. 3-D kernels use one image at batch 1 (measured) and fall back to
+    Eigen's bufferless path when the buffer exceeds 25x the tensors involved.
 
+    Checked against TensorFlow 2.21's allocation records on every 2-D convolution gradient
+    of the zoo and the samples (507 kernels, float32 and float16, exact to the byte).
+
+    Parameters
+    ----------
+    op_type : str
+    filter_shape, out_backprop, input_shape : tuple of int or None
+        Shapes of the filter, the output gradient and the input (NHWC / NDHWC).
+    dtype_size : int
+        Bytes per element.
+    threads : int
+        Threads of TensorFlow's intra-op pool.
+
+    Returns
+    -------
+    int
+        Bytes (0 when the kernel allocates no buffer or a shape is unknown).
+
+    Examples
+    --------
+    >>> cpu_scratch_bytes("Conv2DBackpropFilter", (3, 3, 16, 32), (8, 16, 16, 32),
+    ...                   (8, 16, 16, 16), 4, 2)
+    23445504
     >>> cpu_scratch_bytes("Conv3DBackpropFilterV2", (3, 3, 3, 32, 16), (1, 64, 64, 64, 16),
-    ...                   (1, 64, 64, 64, 32), 4, 32 * 2**20)
+    ...                   (1, 64, 64, 64, 32), 4)
     905969664
     """
     if op_type not in _CONV_SCRATCH or not (filter_shape and out_backprop and input_shape):
@@ -230,14 +319,20 @@ def cpu_scratch_bytes(
     out_depth = filter_shape[-1]
     taps = math.prod(filter_shape[:-1])
     work = out_pixels * out_depth + taps * out_depth + out_pixels * taps
-    if op_type.startswith("Conv3D") and batch == 1:
-        shard = 1
-    else:
-        shard = min(batch, max(1, (cache_bytes // dtype_size) // max(work, 1)))
-    col = shard * out_pixels * taps
-    total = math.prod(input_shape) + math.prod(filter_shape) + math.prod(out_backprop)
-    if total == 0 or col // total > 25:
+    if work == 0:
         return 0
+    target = _TF_CPU_L3 // dtype_size
+    three_d = op_type.startswith("Conv3D")
+    if "Input" in op_type:
+        parallel = batch == 1 or work // max(threads, 1) >= _TF_CPU_L2 // dtype_size
+        shard = 1 if parallel else -(-target // work)
+    else:
+        shard = 1 if three_d and batch == 1 else -(-target // work)
+    col = shard * out_pixels * taps
+    if three_d:
+        total = math.prod(input_shape) + math.prod(filter_shape) + math.prod(out_backprop)
+        if total == 0 or col // total > _MAX_OVERHEAD_3D:
+            return 0
     return col * dtype_size
 
 
@@ -252,7 +347,7 @@ def simulate(
     *,
     sizes: Sizes | None = None,
     host_op: Callable[[str, dict], bool] = is_host_op,
-    workspace: str = "cpu",
+    workspace: str = "accelerator",
 ) -> Simulation:
     """Simulate the memory of one training step, level by level.
 
@@ -265,14 +360,32 @@ def simulate(
         Precomputed :func:`lmscore.shapes.resolve` result for this graph and batch.
     host_op : callable, optional
         ``host_op(device, attrs)`` says whether an op allocates on the host.
-    workspace : {"cpu", "none"}
-        Kernel workspace to model: ``"cpu"`` adds the im2col buffers of TensorFlow's CPU
-        convolution-gradient kernels (what ``lms validate`` measures); ``"none"`` counts
-        tensors only (accelerator libraries size their workspace at run time).
+    workspace : {"accelerator", "eigen", "onednn", "none", "cpu"}
+        Which kernels' temporary workspace to add to the tensors:
+
+        - ``"accelerator"`` (default, for predictions): none. cuDNN picks its convolution
+          algorithm at run time, with a workspace up to ``TF_CUDNN_WORKSPACE_LIMIT_IN_MB``
+          (4 GiB by default), and TensorFlow keeps a no-workspace algorithm beside it
+          (``AlgorithmConfig.algorithm_no_scratch``) that it runs when the workspace cannot
+          be allocated; cuBLAS takes its workspace outside the step. A step whose tensors
+          fit therefore runs, so the prediction is the tensors alone, the same on every
+          machine.
+        - ``"eigen"``: TensorFlow's own CPU kernels: the im2col buffers of the convolution
+          gradients (:func:`cpu_scratch_bytes`) and the int64 argmax of ``MaxPoolGrad``.
+        - ``"onednn"``: TensorFlow's oneDNN CPU kernels: no im2col buffer for float32 and
+          bfloat16 convolutions; other dtypes keep the Eigen kernels.
+        - ``"none"``: tensors only (today the same as ``"accelerator"``).
+        - ``"cpu"``: the CPU library TensorFlow runs in this process
+          (:func:`cpu_kernel_library`); for validation on this machine only.
 
     Returns
     -------
     Simulation
+
+    Raises
+    ------
+    ConfigError
+        For an unknown ``workspace``.
 
     Examples
     --------
@@ -285,14 +398,17 @@ def simulate(
     >>> sim.device_curve, sim.input_bytes   # Tanh reuses the MatMul output buffer
     ((1024, 2048, 2048), 1024)
     """
+    if workspace not in WORKSPACES:
+        raise ConfigError(f"workspace must be one of {', '.join(WORKSPACES)}; got {workspace!r}")
+    if workspace == "cpu":
+        workspace = cpu_kernel_library()
     ordering = order(graph)
     if sizes is None:
         sizes = resolve(graph, batch_size)
-    if workspace not in ("cpu", "none"):
-        raise ConfigError(f"workspace must be 'cpu' or 'none', got {workspace!r}")
     buffers, persistent, feeds = _buffers(graph, ordering, sizes, host_op)
-    if workspace == "cpu":
-        buffers += _cpu_scratch(graph, ordering, sizes)
+    buffers += _update_copies(graph, ordering, sizes)
+    if workspace in ("eigen", "onednn"):
+        buffers += _cpu_scratch(graph, ordering, sizes, workspace)
     n = len(graph.ops)
     dev_alloc = [0] * (n + 1)
     dev_free = [0] * (n + 1)
@@ -478,23 +594,117 @@ def _view_of(graph: Graph, sizes: Sizes, i: int, port: int) -> tuple[int, int] |
     return None
 
 
-def _cpu_scratch(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffer]:
-    """Workspace buffers of CPU convolution-gradient kernels, alive during their op."""
+def _is_update(op_type: str) -> bool:
+    """Kernels that write a resource variable (assignments and optimizer applies)."""
+    return op_type in ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp") or (
+        op_type.startswith(("ResourceApply", "ResourceSparseApply", "ResourceScatter"))
+    )
+
+
+def _update_copies(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffer]:
+    """Second buffers of variables written while an earlier read of them is still in use.
+
+    ``ReadVariableOp`` hands out the variable's own buffer. A kernel that then writes the
+    variable while such a read is still referenced cannot write in place: it copies the
+    variable into a new buffer (copy-on-write in ``resource_variable_ops.cc``), or, for
+    ``AssignVariableOp``, keeps the assigned value as the variable's storage. Either way
+    one more variable-sized buffer is resident from the update until the last reader of
+    the old value has run (then the old buffer goes). Graphs hit this when an update has
+    no data dependency on the forward pass (decoupled weight decay, ``assign`` of a
+    constant): automatic control dependencies order it after the forward *read* only.
+    """
+    ops = graph.ops
+    adj = graph.adjacency
+    pos = [0] * len(ops)
+    for k, i in enumerate(ordering.schedule):
+        pos[i] = k
+    # Root read of every tensor that is a view of a ReadVariableOp output, and the
+    # schedule position of the last reader over all views of each read.
+    root: dict[tuple[int, int], int] = {}
+    last: dict[int, int] = {}
+    for i in ordering.schedule:
+        op = ops[i]
+        for port in range(len(op.outputs)):
+            if op.type == "ReadVariableOp":
+                r = i
+            else:
+                src = _view_of(graph, sizes, i, port)
+                r = root.get(src, -1) if src is not None else -1
+            if r < 0:
+                continue
+            root[(i, port)] = r
+            for c in adj.consumers.get((i, port), ()):
+                last[r] = max(last.get(r, pos[r]), pos[c])
+    reads: dict[tuple[int, int], list[int]] = {}
+    updates: dict[tuple[int, int], list[int]] = {}
+    for i, op in enumerate(ops):
+        if not adj.data_in[i]:
+            continue
+        if op.type == "ReadVariableOp":
+            reads.setdefault(adj.data_in[i][0], []).append(i)
+        elif _is_update(op.type):
+            updates.setdefault(adj.data_in[i][0], []).append(i)
+    out = []
+    for var, ups in updates.items():
+        size = sizes.variable_bytes.get(ops[var[0]].name, -1)
+        if size <= 0:
+            continue
+        ups.sort(key=lambda u: pos[u])
+        previous = -1
+        for u in ups:
+            # Reads since the previous update share the buffer this update writes.
+            held = [last.get(r, pos[r]) for r in reads.get(var, ()) if previous < pos[r] < pos[u]]
+            until = max(held, default=-1)
+            if until > pos[u]:
+                lvl = ordering.levels
+                out.append(Buffer(
+                    f"{ops[u].name}/copy", size, lvl[u], lvl[ordering.schedule[until]], u, (),
+                    first=pos[u], last=until,
+                ))
+            previous = pos[u]
+    return out
+
+
+def _cpu_scratch(graph: Graph, ordering: Ordering, sizes: Sizes, library: str) -> list[Buffer]:
+    """Workspace buffers of the CPU kernels of ``library``, alive during their op."""
     out = []
     adj = graph.adjacency
     pos = {i: k for k, i in enumerate(ordering.schedule)}
+    threads = _cpu_threads()
     for i, op in enumerate(graph.ops):
-        if op.type not in _CONV_SCRATCH or len(adj.data_in[i]) < 3 or not op.outputs:
+        if not op.outputs or not adj.data_in[i]:
             continue
         shape_of = [sizes.shapes[p][port] for p, port in adj.data_in[i]]
-        if "Filter" in op.type:
-            filt, inp = sizes.shapes[i][0], shape_of[0]
-        else:
-            filt, inp = shape_of[1], sizes.shapes[i][0]
-        b = cpu_scratch_bytes(
-            op.type, filt, shape_of[2], inp, dtype_bytes(op.outputs[0].dtype) or 4,
-            _cache_bytes(),
-        )
+        dtype = op.outputs[0].dtype
+        b = 0
+        if op.type in _CONV_SCRATCH and len(shape_of) >= 3:
+            if library == "onednn" and dtype in _ONEDNN_DTYPES:
+                continue  # oneDNN's convolution gradients take no im2col buffer
+            if "Filter" in op.type:
+                filt, inp = sizes.shapes[i][0], shape_of[0]
+            else:
+                filt, inp = shape_of[1], sizes.shapes[i][0]
+            b = cpu_scratch_bytes(
+                op.type, filt, shape_of[2], inp, dtype_bytes(dtype) or 4, threads
+            )
+        elif op.type == "MaxPool" and library == "onednn" and dtype in _ONEDNN_DTYPES:
+            # oneDNN's max pooling also outputs a workspace (one byte per pooled value)
+            # that its MaxPoolGrad reads: it lives from the forward op to that gradient.
+            grads = [c for c in adj.consumers.get((i, 0), ()) if graph.ops[c].type == "MaxPoolGrad"]
+            pooled = sizes.shapes[i][0]
+            if grads and pooled is not None and -1 not in pooled:
+                end = max(grads, key=lambda c: pos[c])
+                out.append(Buffer(
+                    f"{op.name}/workspace", math.prod(pooled), ordering.levels[i],
+                    ordering.levels[end], i, (end,), first=pos[i], last=pos[end],
+                ))
+            continue
+        elif op.type == "MaxPoolGrad" and library == "eigen" and len(shape_of) >= 2:
+            # Eigen's kernel recomputes the argmax of every pooled value into an int64
+            # tensor shaped like the pooling output (``MaxPoolingGradOp``).
+            pooled = shape_of[1]
+            if pooled is not None and -1 not in pooled:
+                b = math.prod(pooled) * 8
         if b:
             lvl = ordering.levels[i]
             out.append(Buffer(

@@ -8,6 +8,11 @@ figures are compared:
   gradients, temporaries), i.e. what the simulator has to predict;
 - the *device* peak: the step peak plus persistent memory (variables, optimizer state,
   constants), i.e. what must fit in the accelerator.
+
+The simulation models the kernels TensorFlow really ran on this CPU: oneDNN or Eigen, as
+the allocator named in the records says (:attr:`lmscore.measure.Measurement.
+kernel_library`, else :func:`lmscore.memory.cpu_kernel_library`). Their workspace is not
+an accelerator's, which is why predictions use ``workspace="accelerator"`` instead.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 
 from .errors import RunError
 from .ir import Graph
-from .memory import simulate
+from .memory import cpu_kernel_library, simulate
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,8 @@ class Validation:
         The loss after each step.
     finite : bool
         Whether losses and variables stayed finite (a NaN run proves nothing).
+    kernel_library : str
+        The CPU kernels that ran and were simulated: ``"onednn"`` or ``"eigen"``.
     """
 
     batch_size: int
@@ -55,6 +62,7 @@ class Validation:
     simulated_peak_level: int
     losses: tuple[float, ...]
     finite: bool
+    kernel_library: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """The ``lms validate --json`` object."""
@@ -89,8 +97,9 @@ def validate(graph: Graph, batch_size: int, *, steps: int = 2, seed: int = 0) ->
         raise RunError(f"{graph.source}: no GraphDef to run (build the graph with lmscore.load)")
     from .measure import measure
 
-    sim = simulate(graph, batch_size)
     m = measure(graph.graphdef, batch_size, steps=max(steps, 2), seed=seed)
+    library = m.kernel_library or cpu_kernel_library()
+    sim = simulate(graph, batch_size, workspace=library)
     device = "CPU:0"
     measured_step = int(m.peak_bytes.get(device, 0))
     measured_persistent = int(m.persistent_bytes.get(device, 0))
@@ -109,6 +118,7 @@ def validate(graph: Graph, batch_size: int, *, steps: int = 2, seed: int = 0) ->
         simulated_peak_level=sim.peak_level,
         losses=tuple(m.losses),
         finite=m.finite,
+        kernel_library=library,
     )
 
 
@@ -184,12 +194,13 @@ def validate_plan(
     rw = rewrite(graph, plan)
     if graph.graphdef is None:
         raise RunError(f"{graph.source}: no GraphDef to run (build the graph with lmscore.load)")
-    sim0 = simulate(graph, batch_size)
-    sim1 = simulate(rw.graph, batch_size)
     # Both on the same two-device runtime, so that its scheduling affects both alike.
     m0 = measure(graph.graphdef, batch_size, steps=steps, seed=seed, devices=2)
     m1 = measure(to_graphdef(rw.graph, mode="emulate"), batch_size, steps=steps, seed=seed,
                  devices=2)
+    library = m0.kernel_library or cpu_kernel_library()  # the CPU kernels that ran
+    sim0 = simulate(graph, batch_size, workspace=library)
+    sim1 = simulate(rw.graph, batch_size, workspace=library)
     dev = "CPU:0"
     measured = {
         "original": int(m0.peak_bytes.get(dev, 0) + m0.persistent_bytes.get(dev, 0)),

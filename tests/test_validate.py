@@ -14,18 +14,32 @@ from lmscore.validate import validate
 
 pytestmark = pytest.mark.tf
 
-#: Measured on TF 2.21 CPU: every convolutional and Transformer sample matches to 0.1%;
-#: the LSTM is 7-9% high (memory inside loop bodies is not modelled). 10% is the target.
-TOLERANCE = 0.10
+#: Measured on TF 2.21 CPU with oneDNN off and on (the simulation models the kernels
+#: that ran): every convolutional and Transformer sample matches to 0.3%.
+TOLERANCE = 0.05
+#: Samples still outside the tolerance: measured ratio and the cause.
+KNOWN_GAPS = {
+    "lstm": "simulated/measured 1.067 (step 1.089) with oneDNN off and on: the gradient "
+            "loop pops the forward loop's accumulator lists while it runs, so they are "
+            "never all full together with the gradient loop's outputs; the simulator "
+            "holds every list at capacity for the whole gradient While op",
+}
 
 
-@pytest.mark.parametrize("sample", [s["name"] for s in samples()])
+def _sample_param(name):
+    reason = KNOWN_GAPS.get(name)
+    marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+    return pytest.param(name, marks=marks, id=name)
+
+
+@pytest.mark.parametrize("sample", [_sample_param(s["name"]) for s in samples()])
 def test_simulated_peak_matches_measured(sample):
     entry = next(s for s in samples() if s["name"] == sample)
     graph = lmscore.load(sample_dir() / entry["file"])
     v = validate(graph, entry["batch_size"])
     assert v.finite
     # Equal to the byte on every sample but the LSTM (100 B of constants inside its loop).
+    assert v.kernel_library in ("eigen", "onednn")
     assert abs(v.measured_persistent_bytes - v.simulated_persistent_bytes) <= 128
     assert abs(v.transient_ratio - 1) <= TOLERANCE, v
     assert abs(v.ratio - 1) <= TOLERANCE, v
