@@ -76,6 +76,38 @@ class Ordering:
     schedule: tuple[int, ...]
     graph: Graph = field(repr=False, compare=False)
 
+    @functools.cached_property
+    def position(self) -> tuple[int, ...]:
+        """Position of each op in :attr:`schedule`."""
+        pos = [0] * len(self.schedule)
+        for k, i in enumerate(self.schedule):
+            pos[i] = k
+        return tuple(pos)
+
+    @functools.cached_property
+    def needed(self) -> tuple[bool, ...]:
+        """Whether each op leads to the step's effects: a variable write or the loss.
+
+        TensorFlow prunes what leads to neither (a gradient nobody applies, the shape of a
+        dead branch) before it runs a step, so an edge into such an op orders nothing.
+        """
+        adj = self.graph.adjacency
+        cats = self.categories
+        stack = [i for i, c in enumerate(cats) if c == UPDATE]
+        if self.loss is not None:
+            stack.append(self.graph.index[self.loss])
+        if not stack:  # not a training step: nothing tells what is pruned
+            return (True,) * len(cats)
+        seen = [False] * len(cats)
+        for i in stack:
+            seen[i] = True
+        while stack:
+            for p in adj.preds[stack.pop()]:
+                if not seen[p]:
+                    seen[p] = True
+                    stack.append(p)
+        return tuple(seen)
+
     @property
     def num_levels(self) -> int:
         """Number of levels."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from .errors import GraphError, PlanError
 from .ir import Graph, Op, lint, split_tensor
-from .order import order
+from .order import SHAPE_ONLY_OPS, order
 from .plan import Plan, Swap, check_plan
 
 SWAP_OUT, SWAP_IN = "swap_out", "swap_in"
@@ -162,6 +162,10 @@ def _apply(
                 succ_name = graph.ops[succ].name
                 if succ_name not in served:
                     extra_ctl.setdefault(succ_name, []).append(out_name)
+        else:
+            release = _release_op(graph, s.tensor, served)
+            if release is not None:
+                extra_ctl.setdefault(release, []).append(out_name)
     if plan.serialize:
         ordering = order(graph)
         for level in plan.serialize:
@@ -175,6 +179,38 @@ def _apply(
         (ops[n] for n in order_names), source=f"{graph.source} (rewritten)"
     )
     return new, added
+
+
+def _release_op(graph: Graph, tensor: str, served: set[str]) -> str | None:
+    """The op that must wait for the swap-out of ``tensor``.
+
+    It is the one the executor runs next after the tensor's last reader on the device.
+    TensorFlow's executor runs an op as soon as its inputs are ready, and nothing needs a
+    swap-out until a swap-in reads it: left alone, a swap-out can run long after its
+    tensor's last device reader (on the emulated accelerator, whose host executor shares
+    the calling thread, it ran only when the backward pass first needed a swap-in), and the
+    device buffer stays allocated until it does. Making the next op wait for the copy
+    frees the buffer where the simulation frees it. The op taken is the next one the step
+    needs (TensorFlow prunes the others) that computes something. Any later op in a
+    topological order comes after the producer, so the edge closes no cycle::
+
+        before:  p -> c (near) ;  p -> swapout -> swapin -> far
+                 schedule ... p ... c, r ...
+        after:   the same, plus  swapout ->^ r   (r: the op after c in the schedule)
+    """
+    ordering = order(graph)
+    producer, port = split_tensor(tensor)
+    p = graph.index[producer]
+    near = [c for c in graph.adjacency.consumers.get((p, port), ())
+            if graph.ops[c].name not in served]
+    pos = ordering.position
+    last = max((pos[c] for c in near), default=pos[p])
+    needed = ordering.needed
+    for i in ordering.schedule[last + 1:]:
+        # an op the step runs, and one that computes (a Shape may be folded away)
+        if needed[i] and graph.ops[i].type not in SHAPE_ONLY_OPS and graph.ops[i].outputs:
+            return graph.ops[i].name
+    return None
 
 
 def _unique(name: str, ops: dict[str, Op]) -> str:

@@ -67,6 +67,9 @@ def test_rewrite_wiring_exact():
     assert out.attrs["_lms_role"] == "swap_out" and sin.attrs["_lms_role"] == "swap_in"
     assert new.op("f").inputs == ("e:0", "lms/swapin_a_0_0:0")
     assert new.op("b").inputs == ("a:0",)  # the near consumer keeps the original
+    # the op the executor runs after a's last device reader (b) waits for the copy
+    assert new.op("c").control_inputs == ("lms/swapout_a_0",)
+    assert all(not op.control_inputs for op in new.ops if op.name not in ("c", sin.name))
     assert rw.synchronous == () and rw.skipped == ()
     lint(new)
     assert fingerprint(new) == fingerprint(g)
@@ -216,3 +219,25 @@ def test_resnet_rewrite_lowers_the_simulated_peak():
     assert len(plan.swaps) > 100 and rw.skipped == ()
     assert after.peak_bytes < 0.5 * before.peak_bytes
     assert after.host_peak_bytes > 0
+
+
+def test_swap_out_release_skips_ops_the_step_prunes():
+    """The release edge goes to an op the step runs, never to a dead branch or a Shape."""
+    big, small = t("float", 1, 1000), t("float", 1, 8)
+    g = Graph((
+        Op("x", "Placeholder", outputs=small),
+        Op("w", "Placeholder", outputs=t("resource")),
+        Op("a", "Conv2D", inputs=("x:0",), outputs=big),
+        Op("b", "Conv2D", inputs=("a:0",), outputs=small),
+        Op("dead", "IsFinite", inputs=("b:0",), outputs=t("bool", 1, 8)),  # read by nothing
+        Op("shape", "Shape", inputs=("b:0",), outputs=t("int32", 2)),
+        Op("c", "Conv2D", inputs=("b:0",), outputs=small),
+        Op("f", "Conv2D", inputs=("c:0", "a:0"), outputs=small),
+        Op("upd", "AssignSubVariableOp", inputs=("w:0", "f:0")),
+    ), "pruned")
+    o = lmscore.order(g)
+    assert [g.ops[i].name for i in range(len(g.ops)) if not o.needed[i]] == ["dead", "shape"]
+    plan = Plan(fingerprint(g), swaps=(Swap("a:0", (SwapIn(("f",), "c"),)),))
+    new = rewrite(g, plan).graph
+    assert new.op("c").control_inputs == ("lms/swapout_a_0",)
+    assert new.op("dead").control_inputs == () and new.op("shape").control_inputs == ()
