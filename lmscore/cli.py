@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import sys
@@ -38,6 +39,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _workspace_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workspace", choices=("accelerator", "cpu", "eigen", "onednn"), default="accelerator",
+        help="kernel workspace the simulation counts: accelerator (default: none; cuDNN falls "
+             "back to workspace-free algorithms, so predictions never depend on this machine), "
+             "cpu (TensorFlow's kernels on this CPU, as lms validate measures), or one CPU "
+             "kernel library by name")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``lms`` (one sub-command per job)."""
     parser = _Parser(prog="lms", description=__doc__.splitlines()[0])
@@ -49,8 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fills unknown batch dimensions (default: the sample's, else 1)")
     p.add_argument("--function", default=None, help="SavedModel function or signature")
     p.add_argument("--top", type=_positive_int, default=10, help="hotspots to list")
-    p.add_argument("--workspace", choices=("cpu", "none"), default="cpu",
-                   help="model TensorFlow CPU kernel workspace (cpu) or tensors only (none)")
+    _workspace_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("validate", help="run on CPU under TensorFlow: measured vs simulated peak")
@@ -87,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan-out", default=None, help="write the applied plan (JSON)")
     p.add_argument("--device", default="/GPU:0", help="accelerator device string")
     p.add_argument("--host", default="/CPU:0", help="host device string")
-    p.add_argument("--workspace", choices=("cpu", "none"), default="cpu")
+    _workspace_arg(p)
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("tune", help="the fastest plan that fits a memory budget")
@@ -99,8 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--link", default="pcie3", help="host link preset: pcie3, pcie4, nvlink2")
     p.add_argument("--safety", type=float, default=0.9, help="usable fraction (0.9)")
     p.add_argument("--strategy", choices=("default", "tflms"), default="default")
-    p.add_argument("--workspace", choices=("none", "cpu"), default="none",
-                   help="kernel workspace model (none: accelerator libraries)")
+    _workspace_arg(p)
     p.add_argument("--max-batch", action="store_true",
                    help="largest batch that fits without and with the tuned rewrite")
     p.add_argument("--compare-grappler", action="store_true",
@@ -158,7 +166,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, int]:
 
 
 def inspect_report(
-    graph: Any, batch_size: int, top: int = 10, workspace: str = "cpu"
+    graph: Any, batch_size: int, top: int = 10, workspace: str = "accelerator"
 ) -> dict[str, Any]:
     """The ``lms inspect --json`` object for ``graph`` at ``batch_size``."""
     from .memory import hotspots, simulate
@@ -273,7 +281,9 @@ def _levels_arg(text: str | None) -> tuple[int, ...]:
         raise ConfigError(f"--serialize takes levels like 3,7,12, got {text!r}") from None
 
 
-def rewrite_report(graph: Any, batch: int, rw: Any, workspace: str = "cpu") -> dict[str, Any]:
+def rewrite_report(
+    graph: Any, batch: int, rw: Any, workspace: str = "accelerator"
+) -> dict[str, Any]:
     """The ``lms rewrite --json`` object: predictions before and after the rewrite."""
     from .memory import simulate
 
@@ -380,7 +390,11 @@ def _validate_plan(args: argparse.Namespace, graph: Any, batch: int) -> int:
              format_bytes(v.measured_host_peak_bytes)],
         ],
     ))
-    print(f"  measured saving / simulated saving: {v.saving_ratio:.3f}; "
+    saving = ("n/a (predicted saving under 1% of the peak)" if math.isnan(v.saving_ratio)
+              else f"{v.saving_ratio:.3f}")
+    runs = ", ".join(format_bytes(b) for b in v.rewritten_runs)
+    print(f"  rewritten step measured {len(v.rewritten_runs)} times ({runs}): the largest is shown")
+    print(f"  measured saving / simulated saving: {saving}; "
           f"host simulated / measured: {v.host_ratio:.3f}")
     same = "bit-identical" if v.max_abs_diff == 0 else f"max |diff| {v.max_abs_diff:.3g}"
     print(f"  losses and variables after {len(v.losses['original'])} steps: {same}")

@@ -209,7 +209,7 @@ class GrapplerResult:
         inserted none, from its logged decisions.
     predicted_peak_bytes, predicted_host_peak_bytes : int
         Device and host peaks of the rewritten graph in this project's simulator
-        (``workspace="none"``).
+        (``workspace="accelerator"``).
     swapped_tensors : int
     swap_bytes : int
         Bytes of the host buffers of the rewritten graph.
@@ -665,7 +665,7 @@ def grappler_baseline(
 
     Runs :func:`run_grappler`, makes a plan of the swaps Grappler inserted (or, if it
     inserted none, of the swaps it logged as decided), rewrites the graph with it
-    (:func:`lmscore.rewrite.rewrite`), simulates it (``workspace="none"``) and predicts the
+    (:func:`lmscore.rewrite.rewrite`), simulates it (``workspace="accelerator"``) and predicts the
     step time with :mod:`lmscore.tune`'s time model on ``device`` and ``link``.
 
     Parameters
@@ -719,9 +719,9 @@ def grappler_baseline(
         params=params,
     )
     sizes = resolve(graph, batch_size)
-    base = simulate(graph, batch_size, sizes=sizes, workspace="none")
+    base = simulate(graph, batch_size, sizes=sizes, workspace="accelerator")
     rw = rewrite(graph, plan)
-    sim = simulate(rw.graph, batch_size, workspace="none") if plan.swaps else base
+    sim = simulate(rw.graph, batch_size, workspace="accelerator") if plan.swaps else base
     ctx = _context(graph, sizes, base, dev, LINKS[link])
     base_seconds = sum(ctx.seconds)
     seconds = _evaluate(ctx, rw.plan.swaps, rw.plan.sync_mode).seconds

@@ -391,7 +391,7 @@ def tune(
     link: str = "pcie3",
     safety: float = 0.9,
     strategy: str = "default",
-    workspace: str = "none",
+    workspace: str = "accelerator",
     progress: Progress | None = None,
     cancel: Callable[[], bool] | None = None,
 ) -> TuneResult:
@@ -410,8 +410,9 @@ def tune(
     safety : float
         Fraction of the free device memory that may be used (0 < safety <= 1).
     strategy : {"default", "tflms"}
-    workspace : {"none", "cpu"}
-        Kernel workspace model of the simulator (accelerator libraries: "none").
+    workspace : str
+        Kernel workspace model of the simulator (:data:`lmscore.memory.WORKSPACES`):
+        ``"accelerator"`` for a GPU, ``"cpu"`` for the emulated accelerator on this CPU.
     progress : callable, optional
         ``progress(fraction, message)`` during the search.
     cancel : callable, optional

@@ -17,10 +17,11 @@ an accelerator's, which is why predictions use ``workspace="accelerator"`` inste
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .errors import RunError
+from .errors import ConfigError, RunError
 from .ir import Graph
 from .memory import cpu_kernel_library, simulate
 
@@ -134,7 +135,9 @@ class PlanValidation:
     measured_host_peak_bytes, simulated_host_peak_bytes : int
         Peak of the swapped tensors in host memory (rewritten graph).
     saving_ratio : float
-        Measured device saving over simulated device saving (target >= 0.9).
+        Measured device saving over simulated device saving (target >= 0.9), from the
+        largest of the rewritten runs; NaN when the simulated saving is under 1% of the
+        original peak (a ratio of two small differences says nothing).
     host_ratio : float
         Simulated over measured host peak (target within 10%).
     max_abs_diff : float
@@ -144,6 +147,9 @@ class PlanValidation:
         ``{"original": [...], "rewritten": [...]}``.
     finite : bool
     swapped_tensors : int
+    rewritten_runs : tuple of int
+        Measured device peak of each run of the rewritten step; ``measured_device_peak_bytes
+        ["rewritten"]`` is the largest.
     """
 
     batch_size: int
@@ -157,20 +163,37 @@ class PlanValidation:
     losses: dict[str, list[float]]
     finite: bool
     swapped_tensors: int
+    rewritten_runs: tuple[int, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        """The ``lms validate --plan --json`` object."""
-        return asdict(self)
+        """The ``lms validate --plan --json`` object (an undefined ratio is ``null``)."""
+        d = asdict(self)
+        for key in ("saving_ratio", "host_ratio"):
+            if math.isnan(d[key]):
+                d[key] = None
+        d["rewritten_runs"] = list(self.rewritten_runs)
+        return d
+
+
+#: Inter-op threads of the emulated accelerator's session. With TensorFlow's default for
+#: a measurement (-1: kernels run in the calling thread) the host device's executor only
+#: runs when the device's has nothing ready, so swap-outs, and every op that waits for one,
+#: run late: a U-Net's plan measured 0.33, 0.86 and 1.07 of its predicted saving in three
+#: runs. A GPU's copies and host ops run beside its kernels; two threads do the same here
+#: (0.97-1.05 over three runs).
+EMULATION_THREADS = 2
 
 
 def validate_plan(
-    graph: Graph, plan: Any, batch_size: int, *, steps: int = 3, seed: int = 0
+    graph: Graph, plan: Any, batch_size: int, *, steps: int = 3, seed: int = 0, runs: int = 3
 ) -> PlanValidation:
     """Run the original and the rewritten step on the emulated accelerator and compare.
 
     Both run on two CPU devices: the original entirely on CPU:0, the rewrite exported with
     real copies (swap-outs on CPU:1 as the host, swap-ins on CPU:0). Both get the same
-    synthetic inputs and variables, so their losses and variables must be identical.
+    synthetic inputs and variables, so their losses and variables must be identical. Two
+    executors sharing a thread pool do not order kernels the same way twice, so the
+    rewritten step is measured ``runs`` times and judged by its largest peak.
 
     Parameters
     ----------
@@ -180,6 +203,8 @@ def validate_plan(
     steps : int
         Training steps to compare (the last one is traced).
     seed : int
+    runs : int
+        Measured runs of the rewritten step (at least 1).
 
     Returns
     -------
@@ -195,13 +220,22 @@ def validate_plan(
     if graph.graphdef is None:
         raise RunError(f"{graph.source}: no GraphDef to run (build the graph with lmscore.load)")
     # Both on the same two-device runtime, so that its scheduling affects both alike.
-    m0 = measure(graph.graphdef, batch_size, steps=steps, seed=seed, devices=2)
-    m1 = measure(to_graphdef(rw.graph, mode="emulate"), batch_size, steps=steps, seed=seed,
-                 devices=2)
+    if runs < 1:
+        raise ConfigError(f"runs must be at least 1, got {runs}")
+    m0 = measure(graph.graphdef, batch_size, steps=steps, seed=seed, devices=2,
+                 inter_op_threads=EMULATION_THREADS)
+    exported = to_graphdef(rw.graph, mode="emulate")
+    dev = "CPU:0"
+    rewritten = [
+        measure(exported, batch_size, steps=steps, seed=seed, devices=2,
+                inter_op_threads=EMULATION_THREADS)
+        for _ in range(runs)
+    ]
+    peaks = [int(m.peak_bytes.get(dev, 0) + m.persistent_bytes.get(dev, 0)) for m in rewritten]
+    m1 = rewritten[peaks.index(max(peaks))]
     library = m0.kernel_library or cpu_kernel_library()  # the CPU kernels that ran
     sim0 = simulate(graph, batch_size, workspace=library)
     sim1 = simulate(rw.graph, batch_size, workspace=library)
-    dev = "CPU:0"
     measured = {
         "original": int(m0.peak_bytes.get(dev, 0) + m0.persistent_bytes.get(dev, 0)),
         "rewritten": int(m1.peak_bytes.get(dev, 0) + m1.persistent_bytes.get(dev, 0)),
@@ -223,10 +257,12 @@ def validate_plan(
         simulated_device_peak_bytes=simulated,
         measured_host_peak_bytes=host,
         simulated_host_peak_bytes=sim1.host_peak_bytes,
-        saving_ratio=meas_saving / sim_saving if sim_saving else float("nan"),
+        saving_ratio=(meas_saving / sim_saving if sim_saving > 0.01 * simulated["original"]
+                      else float("nan")),
         host_ratio=sim1.host_peak_bytes / host if host else float("nan"),
         max_abs_diff=float(max(diffs, default=0.0)),
         losses={"original": list(m0.losses), "rewritten": list(m1.losses)},
         finite=m0.finite and m1.finite,
         swapped_tensors=len(rw.plan.swaps),
+        rewritten_runs=tuple(peaks),
     )

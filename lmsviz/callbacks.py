@@ -120,10 +120,12 @@ class After:
     swap_bytes: int
 
 
-def base_of(app: AppContext, loaded: LoadedGraph, batch: int, workspace: str = "cpu") -> Base:
+def base_of(
+    app: AppContext, loaded: LoadedGraph, batch: int, workspace: str = "accelerator"
+) -> Base:
     """Sizes, simulation and ordering-view columns of ``loaded`` at ``batch`` (cached).
 
-    ``workspace`` is the simulator's kernel-workspace model (``"cpu"`` or ``"none"``).
+    ``workspace`` is the simulator's kernel-workspace model (``"accelerator"`` or ``"cpu"``).
     """
 
     def compute() -> Base:
@@ -344,7 +346,8 @@ def upload_graph(app: AppContext, gate: dict[str, Any] | None,
         loaded = accept_upload(app, name, data)
         # sized and simulated now, so that a graph that cannot be shown never replaces one
         # that can (the render that follows finds the result cached)
-        base_of(app, loaded, int(settings.get("batch") or 1), settings.get("workspace", "cpu"))
+        base_of(app, loaded, int(settings.get("batch") or 1),
+                settings.get("workspace", "accelerator"))
     except LmsError as e:
         return refuse(f"upload refused: {e}")
     return _switch_to(app, loaded, settings)
@@ -390,10 +393,10 @@ def set_presets(settings: dict[str, Any], device: str | None, link: str | None) 
 
 
 def set_workspace(settings: dict[str, Any], value: Any) -> Update:
-    """The simulator's kernel-workspace model: ``"cpu"`` (as measured on CPU) or ``"none"``."""
-    if value not in ("cpu", "none"):
+    """The simulator's kernel-workspace model: ``"accelerator"`` or ``"cpu"`` (as measured)."""
+    if value not in ("accelerator", "cpu"):
         return Update(controls=True)
-    if value == settings.get("workspace", "cpu"):
+    if value == settings.get("workspace", "accelerator"):
         return Update()
     return Update(settings={**settings, "workspace": value})
 
@@ -424,7 +427,7 @@ def apply_knobs(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, 
     try:
         values = read_knobs(**knobs)
         loaded = app.resolve(graph_ref)
-        base = base_of(app, loaded, settings["batch"], settings.get("workspace", "cpu"))
+        base = base_of(app, loaded, settings["batch"], settings.get("workspace", "accelerator"))
         plan = plan_from_params(loaded.graph, settings["batch"], sizes=base.sizes, **values)
     except LmsError as e:
         return refuse(f"knobs: {e}")
@@ -443,7 +446,7 @@ def toggle_swap(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, 
             new = remove_swap(plan, tensor)
             verb = "no longer swapped"
         else:
-            base = base_of(app, loaded, settings["batch"], settings.get("workspace", "cpu"))
+            base = base_of(app, loaded, settings["batch"], settings.get("workspace", "accelerator"))
             row = _live_row(base, tensor)
             if row is not None and not row.swappable:
                 return refuse(f"{tensor} cannot be swapped: {row.reason}")
@@ -649,7 +652,7 @@ def render(app: AppContext, session: dict[str, Any], *, full: bool = True,
     plan_data, view = session["plan"] or {}, session["view"] or empty_view()
     loaded = app.resolve(graph_ref)
     batch = int(settings["batch"])
-    base = base_of(app, loaded, batch, settings.get("workspace", "cpu"))
+    base = base_of(app, loaded, batch, settings.get("workspace", "accelerator"))
     message = None
     try:
         plan = plan_of(app, loaded, plan_data.get("json"))
@@ -882,7 +885,7 @@ def run_tune(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, Any
         kwargs: dict[str, Any] = {"device": settings.get("device", "V100"),
                                   "link": settings.get("link", "pcie3"), "progress": report}
         if "workspace" in inspect.signature(tuner.tune).parameters:
-            kwargs["workspace"] = settings.get("workspace", "cpu")
+            kwargs["workspace"] = settings.get("workspace", "accelerator")
         with app.slots.slot("auto-tune"):
             res = tuner.tune(loaded.graph, batch, budget, **kwargs)
     except LmsError as e:
@@ -967,7 +970,7 @@ function(contents, filename, cap) {
 def _controls_out(settings: dict[str, Any]) -> list[Any]:
     knobs = {**default_settings(1)["knobs"], **settings.get("knobs", {})}
     return [settings.get("batch"), settings.get("budget"), settings.get("device"),
-            settings.get("link"), settings.get("workspace", "cpu"), knobs["threshold"],
+            settings.get("link"), settings.get("workspace", "accelerator"), knobs["threshold"],
             knobs["ahead"], knobs["groupby"], knobs["sync_mode"]]
 
 
@@ -1124,7 +1127,7 @@ def register(app: dash.Dash, state: AppContext) -> None:
         session = {"graph": graph, "settings": settings, "plan": plan, "view": view}
         full = not rendered or any(rendered.get(k) != v for k, v in (
             ("key", graph.get("key")), ("batch", settings.get("batch")),
-            ("workspace", settings.get("workspace", "cpu"))))
+            ("workspace", settings.get("workspace", "accelerator"))))
         only_view = {t["prop_id"].split(".")[0] for t in ctx.triggered} == {"st-view"}
         try:
             r = render(state, session, full=full, data=not only_view)

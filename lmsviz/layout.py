@@ -81,13 +81,13 @@ def controls(session: dict[str, Any], picker: tuple[list[dict[str, str]], str]) 
                                         clearable=False, className="preset"),
                    "host link preset (tuner)"),
             _field("workspace", dcc.Dropdown(
-                id="workspace", value=s.get("workspace", "cpu"), clearable=False,
+                id="workspace", value=s.get("workspace", "accelerator"), clearable=False,
                 className="preset", options=[
-                    {"label": "CPU kernels", "value": "cpu"},
-                    {"label": "tensors only", "value": "none"}]),
-                   "kernel workspace the simulator counts: TensorFlow's CPU convolution "
-                   "gradients (what lms validate measures), or none (accelerator libraries "
-                   "size theirs at run time)"),
+                    {"label": "accelerator", "value": "accelerator"},
+                    {"label": "this CPU's kernels", "value": "cpu"}]),
+                   "kernel workspace the simulator counts: none on an accelerator (cuDNN "
+                   "falls back to workspace-free algorithms), or TensorFlow's kernels on "
+                   "this CPU (what lms validate measures)"),
         ], className="row"),
         html.Div([
             _number("knob-threshold", knobs["threshold"], 1,

@@ -627,7 +627,7 @@ def default_settings(batch: int) -> dict[str, Any]:
     memory = getattr(devices.get(device), "memory_bytes", None)
     return {
         "batch": batch, "budget": budget_text(int(memory)) if memory else DEFAULT_BUDGET,
-        "device": device, "link": link, "workspace": "cpu", "knobs": dict(DEFAULT_KNOBS),
+        "device": device, "link": link, "workspace": "accelerator", "knobs": dict(DEFAULT_KNOBS),
     }
 
 
