@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="steps to run, the last one traced (2; 3 with --plan)")
     p.add_argument("--plan", default=None,
                    help="also run this rewrite on the emulated accelerator and compare")
+    p.add_argument("--timeline", default=None, metavar="OUT.html|OUT.json",
+                   help="with --plan: write the measured and simulated device curves of the "
+                        "rewritten step on one time axis, what the device held at its "
+                        "measured peak that the simulation had freed, and when each swap ran")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("rewrite", help="swap tensors to host memory: a plan, a new graph")
@@ -247,6 +251,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from .validate import validate
 
+    if args.timeline and not args.plan:
+        raise ConfigError("--timeline needs --plan (it shows a rewritten step)")
+    if args.timeline and not args.timeline.endswith((".html", ".json")):
+        raise ConfigError(f"{args.timeline}: --timeline writes .html or .json")
     graph, batch = _load(args)
     if args.plan:
         return _validate_plan(args, graph, batch)
@@ -373,7 +381,12 @@ def _validate_plan(args: argparse.Namespace, graph: Any, batch: int) -> int:
     plan = load_plan(args.plan)
     check_plan(graph, plan)
     v = validate_plan(graph, plan, batch, steps=args.steps or 3)
+    if args.timeline and v.timeline is not None:
+        _write_timeline(args.timeline, v.timeline, f"{pathlib.Path(graph.source).name}, "
+                        f"batch {batch}, {v.swapped_tensors} swapped tensors")
     report = v.as_dict()
+    if not args.timeline:
+        report.pop("timeline", None)  # long; asked for with --timeline
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -396,9 +409,26 @@ def _validate_plan(args: argparse.Namespace, graph: Any, batch: int) -> int:
     print(f"  rewritten step measured {len(v.rewritten_runs)} times ({runs}): the largest is shown")
     print(f"  measured saving / simulated saving: {saving}; "
           f"host simulated / measured: {v.host_ratio:.3f}")
+    if v.timeline is not None and v.timeline.missed:
+        top = ", ".join(f"{h.node} ({format_bytes(h.bytes)})" for h in v.timeline.missed[:3])
+        print(f"  held at the measured peak but freed in the simulation: {top}")
+    if args.timeline:
+        print(f"  wrote {args.timeline}")
     same = "bit-identical" if v.max_abs_diff == 0 else f"max |diff| {v.max_abs_diff:.3g}"
     print(f"  losses and variables after {len(v.losses['original'])} steps: {same}")
     return 0
+
+
+def _write_timeline(path: str, t: Any, title: str) -> None:
+    from .plan import write_atomic
+    from .timeline import figure
+
+    if path.endswith(".json"):
+        write_atomic(path, json.dumps(t.as_dict(), indent=1))
+    else:
+        write_atomic(path, figure(t, title).to_html(
+            include_plotlyjs=True, full_html=True,  # self-contained: nothing fetched
+            config={"displaylogo": False, "showLink": False, "showSendToCloud": False}))
 
 
 class _Progress:

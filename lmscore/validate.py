@@ -24,6 +24,7 @@ from typing import Any
 from .errors import ConfigError, RunError
 from .ir import Graph
 from .memory import cpu_kernel_library, simulate
+from .timeline import Timeline, compare
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,10 @@ class PlanValidation:
     rewritten_runs : tuple of int
         Measured device peak of each run of the rewritten step; ``measured_device_peak_bytes
         ["rewritten"]`` is the largest.
+    timeline : Timeline or None
+        That largest run against the simulation on one time axis
+        (:func:`lmscore.timeline.compare`): what the device held at its peak that the
+        simulation had freed, and when each swap really ran.
     """
 
     batch_size: int
@@ -164,6 +169,7 @@ class PlanValidation:
     finite: bool
     swapped_tensors: int
     rewritten_runs: tuple[int, ...] = ()
+    timeline: Timeline | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The ``lms validate --plan --json`` object (an undefined ratio is ``null``)."""
@@ -172,6 +178,7 @@ class PlanValidation:
             if math.isnan(d[key]):
                 d[key] = None
         d["rewritten_runs"] = list(self.rewritten_runs)
+        d["timeline"] = self.timeline.as_dict() if self.timeline is not None else None
         return d
 
 
@@ -265,4 +272,5 @@ def validate_plan(
         finite=m0.finite and m1.finite,
         swapped_tensors=len(rw.plan.swaps),
         rewritten_runs=tuple(peaks),
+        timeline=compare(rw.graph, sim1, m1, dev),
     )
