@@ -371,9 +371,11 @@ def simulate(
           fit therefore runs, so the prediction is the tensors alone, the same on every
           machine.
         - ``"eigen"``: TensorFlow's own CPU kernels: the im2col buffers of the convolution
-          gradients (:func:`cpu_scratch_bytes`) and the int64 argmax of ``MaxPoolGrad``.
+          gradients (:func:`cpu_scratch_bytes`), the int64 argmax of ``MaxPoolGrad`` and
+          the float32 copies of half-precision matrix products.
         - ``"onednn"``: TensorFlow's oneDNN CPU kernels: no im2col buffer for float32 and
-          bfloat16 convolutions; other dtypes keep the Eigen kernels.
+          bfloat16 convolutions; other dtypes keep the Eigen kernels (half matrix
+          products too).
         - ``"none"``: tensors only (today the same as ``"accelerator"``).
         - ``"cpu"``: the CPU library TensorFlow runs in this process
           (:func:`cpu_kernel_library`); for validation on this machine only.
@@ -665,6 +667,42 @@ def _update_copies(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffe
     return out
 
 
+#: Matrix products whose CPU kernels compute half precision through float32 copies.
+_MATMULS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"})
+
+
+def _float32_matmul_bytes(
+    a: tuple[int, ...] | None, b: tuple[int, ...] | None, out: tuple[int, ...] | None
+) -> int:
+    """Temporaries of a half-precision matrix product on the CPU.
+
+    TensorFlow's CPU ``MatMul``/``BatchMatMul`` kernels have no half-precision
+    contraction: they cast both operands to float32 (a broadcast operand is cast once,
+    not per batch), multiply into a float32 product, then cast it to the half output.
+    All three float32 buffers are alive together while the product runs. Checked against
+    TensorFlow 2.21's records on every half product of the zoo (oneDNN off and on: half
+    keeps the Eigen kernels).
+
+    Parameters
+    ----------
+    a, b, out : tuple of int or None
+        Shapes of the two operands and of the product.
+
+    Returns
+    -------
+    int
+        Bytes (0 when a shape is unknown).
+
+    Examples
+    --------
+    >>> _float32_matmul_bytes((128, 32), (32, 128), (128, 128))
+    98304
+    """
+    if a is None or b is None or out is None or -1 in (*a, *b, *out):
+        return 0
+    return 4 * (math.prod(a) + math.prod(b) + math.prod(out))
+
+
 def _cpu_scratch(graph: Graph, ordering: Ordering, sizes: Sizes, library: str) -> list[Buffer]:
     """Workspace buffers of the CPU kernels of ``library``, alive during their op."""
     out = []
@@ -699,6 +737,11 @@ def _cpu_scratch(graph: Graph, ordering: Ordering, sizes: Sizes, library: str) -
                     ordering.levels[end], i, (end,), first=pos[i], last=pos[end],
                 ))
             continue
+        elif op.type in _MATMULS and dtype == "half" and len(shape_of) >= 2:
+            # Neither library multiplies half matrices natively on the CPU: the kernel
+            # converts both operands to float32, multiplies into a float32 product and
+            # converts that back (three float32 temporaries beside the half output).
+            b = _float32_matmul_bytes(shape_of[0], shape_of[1], sizes.shapes[i][0])
         elif op.type == "MaxPoolGrad" and library == "eigen" and len(shape_of) >= 2:
             # Eigen's kernel recomputes the argmax of every pooled value into an int64
             # tensor shaped like the pooling output (``MaxPoolingGradOp``).

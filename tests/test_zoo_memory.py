@@ -32,9 +32,6 @@ _COPY_ON_WRITE = (
 KNOWN_GAPS = {
     "gpt_decoder": "simulated/measured 0.947 to 0.972 (varies run to run): " + _COPY_ON_WRITE
                    + "; the rest of the gap is not attributed yet",
-    "fit_mixed_transformer": "simulated/measured 0.915 (oneDNN off and on): float16 MatMul "
-                             "kernels on the CPU allocate temporaries (98 KB beside a 32 KB "
-                             "output at the peak) that are not modelled",
 }
 
 #: Each traces and runs in seconds on 2 cores (all of them: about a minute).
