@@ -83,6 +83,12 @@ class Plan:
     params : dict
         How the plan was made (knobs, tuner settings); informational.
     version : int
+    pin_schedule : bool
+        Chain the device ops of the rewritten step in the simulated order with control
+        edges, so that the device runs them in that order and its peak is the simulated
+        one. TensorFlow runs ready ops concurrently and in no fixed order: on the emulated
+        accelerator one tuned U-Net plan measured 0.82 to 1.28 of its budget over runs
+        unpinned, 0.886 three times pinned (simulated 0.885).
     """
 
     graph: str
@@ -91,6 +97,7 @@ class Plan:
     serialize: tuple[int, ...] = ()
     params: dict[str, Any] = field(default_factory=dict)
     version: int = PLAN_VERSION
+    pin_schedule: bool = False
 
     def swapped(self) -> tuple[str, ...]:
         """Names of the swapped tensors."""
@@ -115,6 +122,8 @@ class Plan:
                 for s in self.swaps
             ],
         }
+        if self.pin_schedule:  # written only when set: older plans keep their bytes
+            doc["pin_schedule"] = True
         return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
@@ -167,6 +176,9 @@ def plan_from_json(text: str, source: str = "<plan>") -> Plan:
     params = doc.get("params", {})
     if not isinstance(params, dict):
         raise PlanError(f"{source}: params must be an object")
+    pin = doc.get("pin_schedule", False)
+    if not isinstance(pin, bool):
+        raise PlanError(f"{source}: pin_schedule must be true or false, got {_short(pin)}")
     swaps = []
     for k, s in enumerate(_field(doc, "swaps", list, source)):
         where = f"{source}: swaps[{k}]"
@@ -186,7 +198,7 @@ def plan_from_json(text: str, source: str = "<plan>") -> Plan:
                 raise PlanError(f"{gw}.trigger must be an op name or null")
             groups.append(SwapIn(tuple(consumers), trigger))
         swaps.append(Swap(tensor, tuple(groups)))
-    return Plan(graph, tuple(swaps), sync, tuple(serialize), params, version)
+    return Plan(graph, tuple(swaps), sync, tuple(serialize), params, version, pin)
 
 
 def _short(value: Any) -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from .errors import GraphError, PlanError
 from .ir import Graph, Op, lint, split_tensor
-from .order import SHAPE_ONLY_OPS, order
+from .order import BACKWARD, FORWARD, SHAPE_ONLY_OPS, UPDATE, order
 from .plan import Plan, Swap, check_plan
 
 SWAP_OUT, SWAP_IN = "swap_out", "swap_in"
@@ -123,6 +123,7 @@ def _apply(
     order_names = [op.name for op in graph.ops]
     extra_ctl: dict[str, list[str]] = {}
     added: list[tuple[str, str]] = []
+    releases: list[tuple[str, str]] = []  # (swap-out, tensor) without synchronous swap-outs
     adj = graph.adjacency
     for s in swaps:
         producer, port = split_tensor(s.tensor)
@@ -163,9 +164,7 @@ def _apply(
                 if succ_name not in served:
                     extra_ctl.setdefault(succ_name, []).append(out_name)
         else:
-            release = _release_op(graph, s.tensor, served)
-            if release is not None:
-                extra_ctl.setdefault(release, []).append(out_name)
+            releases.append((out_name, s.tensor))
     if plan.serialize:
         ordering = order(graph)
         for level in plan.serialize:
@@ -178,7 +177,104 @@ def _apply(
     new = graph.derive(
         (ops[n] for n in order_names), source=f"{graph.source} (rewritten)"
     )
+    if releases:
+        new = _released(new, releases)
+    if plan.pin_schedule:
+        new = _pinned(new)
     return new, added
+
+
+def _pinned(graph: Graph) -> Graph:
+    """Chain the device ops of ``graph`` in its simulated (FIFO) order with control edges.
+
+    The chain follows a topological order, so it closes no cycle, and it leaves the
+    simulated order as it was: only the executor loses its freedom to run ready ops in
+    another order or at once. Swap-outs run on the host and stay out; so do feeds,
+    variables and constants (the executor has them before the step starts) and ops the
+    step prunes::
+
+        before:  a -> b ;  a -> c        (b and c ready together, either may run first)
+        after:   a -> b ;  a -> c ; b ->^ c
+    """
+    ordering = order(graph)
+    cats = ordering.categories
+    chain = [
+        i for i in ordering.schedule
+        if ordering.needed[i] and graph.ops[i].attrs.get("_lms_role") != SWAP_OUT
+        and (cats[i] in (FORWARD, BACKWARD, UPDATE) or graph.ops[i].attrs.get("_lms_role"))
+    ]
+    ops = list(graph.ops)
+    for a, b in zip(chain, chain[1:], strict=False):
+        name = graph.ops[a].name
+        if name not in ops[b].control_inputs:
+            ops[b] = replace(ops[b], control_inputs=(*ops[b].control_inputs, name))
+    return graph.derive(ops, source=graph.source)
+
+
+def _released(graph: Graph, releases: list[tuple[str, str]]) -> Graph:
+    """Make the next op after each swapped tensor's last device reader wait for its swap-out.
+
+    TensorFlow's executor runs an op as soon as its inputs are ready, and nothing needs a
+    swap-out until a swap-in reads it: left alone, a swap-out can run long after its
+    tensor's last device reader (on the emulated accelerator it ran only when the backward
+    pass first needed a swap-in), and the device buffer stays allocated until it does.
+    Making the next op wait for the copy frees the buffer where the simulation frees it.
+    The op taken is the next one in the rewritten step's own order that the step needs
+    (TensorFlow prunes the others) and that computes something (a Shape may be folded),
+    after both the last reader and the swap-out: every edge goes forward in one
+    topological order, so together they close no cycle::
+
+        before:  p -> c (near) ;  p -> swapout -> swapin -> far
+                 schedule ... p ... c, r ...
+        after:   the same, plus  swapout ->^ r   (r: the op after c in the schedule)
+    """
+    ordering = order(graph)
+    pos = ordering.position
+    needed = ordering.needed
+    schedule = ordering.schedule
+    adj = graph.adjacency
+    ops = list(graph.ops)
+    for out_name, tensor in releases:
+        producer, port = split_tensor(tensor)
+        out = graph.index[out_name]
+        near = adj.consumers.get((graph.index[producer], port), ())
+        last = max((pos[c] for c in near if c != out), default=pos[graph.index[producer]])
+        for i in schedule[max(last, pos[out]) + 1:]:
+            op = ops[i]
+            if needed[i] and op.type not in SHAPE_ONLY_OPS and op.outputs and (
+                not op.attrs.get("_lms_role")
+            ):
+                if out_name not in op.control_inputs:
+                    ops[i] = replace(op, control_inputs=(*op.control_inputs, out_name))
+                break
+    return graph.derive(ops, source=graph.source)
+
+
+def _pinned(graph: Graph) -> Graph:
+    """Chain the device ops of ``graph`` in its simulated (FIFO) order with control edges.
+
+    The chain follows a topological order, so it closes no cycle, and it leaves the
+    simulated order as it was: only the executor loses its freedom to run ready ops in
+    another order or at once. Swap-outs run on the host and stay out; so do feeds,
+    variables and constants (the executor has them before the step starts) and ops the
+    step prunes::
+
+        before:  a -> b ;  a -> c        (b and c ready together, either may run first)
+        after:   a -> b ;  a -> c ; b ->^ c
+    """
+    ordering = order(graph)
+    cats = ordering.categories
+    chain = [
+        i for i in ordering.schedule
+        if ordering.needed[i] and graph.ops[i].attrs.get("_lms_role") != SWAP_OUT
+        and (cats[i] in (FORWARD, BACKWARD, UPDATE) or graph.ops[i].attrs.get("_lms_role"))
+    ]
+    ops = list(graph.ops)
+    for a, b in zip(chain, chain[1:], strict=False):
+        name = graph.ops[a].name
+        if name not in ops[b].control_inputs:
+            ops[b] = replace(ops[b], control_inputs=(*ops[b].control_inputs, name))
+    return graph.derive(ops, source=graph.source)
 
 
 def _release_op(graph: Graph, tensor: str, served: set[str]) -> str | None:

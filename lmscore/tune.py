@@ -561,8 +561,9 @@ def _prune(ctx: _Context, swaps: tuple[Swap, ...], sync: int, fits, report, stop
 def _verify(graph, batch, swaps, knobs, budget, memory, base, base_seconds, strategy, ctx,
             min_peak, bound, workspace) -> TuneResult:
     """Rewrite and simulate in full; if the full simulation does not fit, swap more."""
+    # Pinned: a tuned plan promises a peak, and only the simulated order keeps it.
     plan = Plan(fingerprint(graph), tuple(swaps), knobs["sync_mode"], (),
-                {"strategy": strategy, "batch_size": batch, **knobs})
+                {"strategy": strategy, "batch_size": batch, **knobs}, pin_schedule=True)
     best_sim = None
     for _attempt in range(16):
         rw = rewrite(graph, plan)
