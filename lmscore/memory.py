@@ -19,10 +19,17 @@ earlier read of it is still in use gets a second buffer until that read is done
 (copy-on-write). Kernel workspace follows the ``workspace`` model of :func:`simulate`:
 none for accelerators (the default, independent of the machine), TensorFlow's Eigen or
 oneDNN CPU kernels for validation on this CPU.
+
+A ``While`` op is one op of the schedule, read through its body
+(:func:`lmscore.shapes.loop_body`): a loop variable the loop dies with is carried in its
+buffer, lists it passes on, sets in place or references are views of their input list,
+each iteration's temporaries are the body's simulated transient peak, and a gradient loop
+never holds the lists it pops and the lists it fills all full together.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -30,10 +37,10 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .errors import ConfigError
-from .ir import FEED_OPS, VARIABLE_OPS, Graph, dtype_bytes
+from .errors import ConfigError, GraphError
+from .ir import FEED_OPS, VARIABLE_OPS, Graph, Op, dtype_bytes
 from .order import BACKWARD, FORWARD, Ordering, order
-from .shapes import Sizes, resolve
+from .shapes import LoopBody, Sizes, loop_body, resolve
 
 #: Ops whose output ``k`` is a view of input ``k`` (0 for single-output ops).
 ALIAS_OPS = frozenset({
@@ -404,13 +411,27 @@ def simulate(
         raise ConfigError(f"workspace must be one of {', '.join(WORKSPACES)}; got {workspace!r}")
     if workspace == "cpu":
         workspace = cpu_kernel_library()
-    ordering = order(graph)
     if sizes is None:
         sizes = resolve(graph, batch_size)
+    return _simulate(graph, batch_size, sizes, host_op, workspace, 0)
+
+
+def _simulate(
+    graph: Graph,
+    batch_size: int,
+    sizes: Sizes,
+    host_op: Callable[[str, dict], bool],
+    workspace: str,
+    depth: int,
+) -> Simulation:
+    """:func:`simulate` with its arguments checked; ``depth`` counts enclosing loops."""
+    ordering = order(graph)
     buffers, persistent, feeds = _buffers(graph, ordering, sizes, host_op)
     buffers += _update_copies(graph, ordering, sizes)
     if workspace in ("eigen", "onednn"):
         buffers += _cpu_scratch(graph, ordering, sizes, workspace)
+    loops, credit = _loop_effects(graph, ordering, sizes, buffers, workspace, depth)
+    buffers += loops
     n = len(graph.ops)
     dev_alloc = [0] * (n + 1)
     dev_free = [0] * (n + 1)
@@ -437,7 +458,7 @@ def simulate(
     for pos, i in enumerate(ordering.schedule):
         live += dev_alloc[pos]
         host_live += host_alloc[pos]
-        now = base + live + scratch[pos]
+        now = base + live + scratch[pos] - credit.get(pos, 0)
         lvl = levels[i]
         if now > device_curve[lvl]:
             device_curve[lvl] = now
@@ -565,6 +586,9 @@ def _buffers(
 
 
 _REDUCTIONS = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "All", "Any"})
+#: List reads whose output ``k`` is an element the list holds (no new buffer).
+_LIST_READS = {"TensorListGetItem": 0, "TensorListPopBack": 1}
+_WHILE_OPS = frozenset({"While", "StatelessWhile"})
 
 
 def _view_of(graph: Graph, sizes: Sizes, i: int, port: int) -> tuple[int, int] | None:
@@ -580,6 +604,20 @@ def _view_of(graph: Graph, sizes: Sizes, i: int, port: int) -> tuple[int, int] |
         return None
     if op.type in ALIAS_OPS:
         return ins[port] if op.type == "IdentityN" and port < len(ins) else ins[0]
+    if op.type in _LIST_READS and port == _LIST_READS[op.type]:
+        return ins[0]  # an element of the list: the list's memory, not a new buffer
+    if op.type in _WHILE_OPS and port < len(ins):
+        body = loop_body(graph, i, tuple(sizes.shapes[p][q] for p, q in ins))
+        kind = body.kinds[port] if body is not None and port < len(body.kinds) else ""
+        if kind == "pass":
+            return ins[port]
+        if kind == "refs":  # pushes elements of another list: holds that list's memory
+            return ins[body.sources[port]]
+        if kind == "filled" and op.outputs[port].dtype == "variant":
+            src = ins[port]
+            if sizes.nbytes[src[0]][src[1]] > 0:  # elements set in place in a full list
+                return src
+        return None
     if op.type in _REDUCTIONS or op.type in ("Transpose", "StridedSlice", "Slice"):
         src = sizes.shapes[ins[0][0]][ins[0][1]]
         out = sizes.shapes[i][port]
@@ -703,6 +741,109 @@ def _float32_matmul_bytes(
     return 4 * (math.prod(a) + math.prod(b) + math.prod(out))
 
 
+def _loop_effects(
+    graph: Graph, ordering: Ordering, sizes: Sizes, buffers: list[Buffer], workspace: str,
+    depth: int = 0,
+) -> tuple[list[Buffer], dict[int, int]]:
+    """What ``While`` ops hold while they run, beyond their inputs and outputs.
+
+    A loop runs its body once per iteration. Three things differ from an opaque op that
+    holds its inputs and allocates its outputs:
+
+    - each iteration's temporaries (the body's own transient peak, simulated on the body
+      with its loop variables already counted outside): a weight gradient's partial
+      product per step, the gates of a recurrent cell. Returned as a workspace buffer.
+    - the lists a gradient loop pops (its forward loop's accumulators, when the loop is
+      their last reader) drain while the lists it fills grow, so they are never all full
+      together: the loop holds ``max(consumed, filled)``, not their sum. Returned as a
+      credit of ``min(consumed, filled)`` bytes at the loop's schedule position.
+
+    Iterations the executor runs ahead (``parallel_iterations``) are not modelled.
+
+    Returns
+    -------
+    tuple
+        The body workspace buffers, and the credit per schedule position.
+    """
+    pos = {i: k for k, i in enumerate(ordering.schedule)}
+    owner: dict[str, Buffer] = {}
+    for b in buffers:
+        for t in (b.tensor, *b.views):
+            owner[t] = b
+    scratch: list[Buffer] = []
+    credit: dict[int, int] = {}
+    adj = graph.adjacency
+    for i, op in enumerate(graph.ops):
+        if op.type not in _WHILE_OPS or i not in pos:
+            continue
+        ins = adj.data_in[i]
+        body = loop_body(graph, i, tuple(sizes.shapes[p][q] for p, q in ins))
+        if body is None:
+            continue
+        p = pos[i]
+        consumed: dict[str, int] = {}
+        filled = 0
+        for k, kind in enumerate(body.kinds):
+            if kind == "consumed" and k < len(ins):
+                src = graph.ops[ins[k][0]]
+                b = owner.get(f"{src.name}:{ins[k][1]}")
+                if b is not None and b.last == p:
+                    consumed[b.tensor] = b.bytes
+            elif kind == "filled" and k < len(op.outputs):
+                b = owner.get(f"{op.name}:{k}")
+                if b is not None and b.producer == i and b.first == p:
+                    filled += b.bytes
+        if consumed and filled:
+            credit[p] = credit.get(p, 0) + min(sum(consumed.values()), filled)
+        peak = _body_peak(body, sizes.batch_size, workspace, depth)
+        if peak > 0:
+            lvl = ordering.levels[i]
+            scratch.append(Buffer(
+                f"{op.name}/body", peak, lvl, lvl, i, (), scratch=True, first=p, last=p
+            ))
+    return scratch, credit
+
+
+#: Loops nested deeper than this inside loop bodies are taken as opaque ops.
+_MAX_LOOP_DEPTH = 4
+
+
+def _body_peak(body: LoopBody, batch_size: int, workspace: str, depth: int) -> int:
+    """Transient peak of one iteration of a loop body, its loop variables excluded.
+
+    The loop variables are inputs of 0 bytes (the ``While`` op's buffers hold them) that
+    the body's kernels may still overwrite in place, as TensorFlow forwards a loop
+    variable nobody else holds (a gradient accumulator's ``AddN`` writes into it).
+    """
+    if depth >= _MAX_LOOP_DEPTH:
+        return 0
+    g = body.graph
+    # Shapes as if the loop variables were feeds (their batch dimension is the batch)...
+    feeds = g.replace(
+        [op if op.type != "_LoopArg" else _as_feed(op) for op in g.ops], g.source
+    )
+    try:
+        sizes = resolve(feeds, batch_size)
+    except (GraphError, ValueError):
+        return 0
+    # ...simulated as transient buffers of 0 bytes, so that kernels may write into them.
+    args = [k for k, op in enumerate(g.ops) if op.type == "_LoopArg"]
+    nbytes = list(sizes.nbytes)
+    for k in args:
+        nbytes[k] = tuple(0 for _ in nbytes[k])
+    sizes = dataclasses.replace(sizes, nbytes=tuple(nbytes))
+    try:
+        sim = _simulate(g, batch_size, sizes, is_host_op, workspace, depth + 1)
+    except (GraphError, ValueError, KeyError):
+        return 0
+    return max(sim.transient_peak_bytes, 0)
+
+
+def _as_feed(op: Op) -> Op:
+    """A loop variable as a placeholder, for shape resolution only."""
+    return dataclasses.replace(op, type="Placeholder")
+
+
 def _cpu_scratch(graph: Graph, ordering: Ordering, sizes: Sizes, library: str) -> list[Buffer]:
     """Workspace buffers of the CPU kernels of ``library``, alive during their op."""
     out = []
@@ -782,6 +923,10 @@ def _forwardable(
     """
     op = graph.ops[i]
     out_port, candidates = _FORWARD_INTO.get(op.type, (0, None))
+    if op.type in _WHILE_OPS and op.outputs[port].dtype != "variant":
+        # A loop variable the loop dies with: each iteration's kernels overwrite it in
+        # place or free it for the next value, so the result needs no second buffer.
+        out_port, candidates = port, (port,)
     if port != out_port or (candidates is None and op.type not in FORWARDING_OPS):
         return None
     out_shape = sizes.shapes[i][port]

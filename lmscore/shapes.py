@@ -253,7 +253,9 @@ def _size_tensor_lists(
     A list is created empty (0 bytes); ``TensorListFromTensor`` holds a copy of its input;
     a while loop fills the lists it carries, up to their capacity (``max_num_elements`` x
     ``element_shape``), so the loop's list outputs hold that much until their last reader.
-    Memory a loop body allocates and frees within one iteration is not modelled.
+    ``ZerosLike`` of a list allocates a zero element for every element the list holds.
+    What each loop does with its lists comes from its body (:func:`loop_body`); memory a
+    body allocates and frees within one iteration is the simulator's (``lmscore.memory``).
     """
     ops = graph.ops
     adj = graph.adjacency
@@ -282,16 +284,33 @@ def _size_tensor_lists(
             sizes[0] = nbytes[ins[0][0]][ins[0][1]]
         elif op.type in _WHILE_OPS:
             aliases = op.attrs.get("list_aliases", ())
+            body = loop_body(graph, i, tuple(shapes[p][q] for p, q in ins))
+            kinds = body.kinds if body is not None else ()
             for k, src in enumerate(ins[: len(op.outputs)]):
                 if op.outputs[k].dtype != "variant":
                     continue
-                if src in capacity:  # a list made empty before the loop, filled by it
+                kind = kinds[k] if k < len(kinds) else ""
+                if src in capacity and kind not in ("refs", "duplicate"):
+                    # a list made empty before the loop, filled by it
                     sizes[k] = 0 if k in aliases else capacity[src]
-                else:  # lists the loop consumes (a gradient loop pops its accumulators)
+                elif kind in ("pass", "filled", "refs"):
+                    # what the list holds: the input list passed on or set in place, or
+                    # the list whose elements it references (memory._view_of makes these
+                    # views of that input, not new buffers)
+                    j = body.sources[k] if kind == "refs" else k
+                    sizes[k] = max(nbytes[ins[j][0]][ins[j][1]], 0) if j < len(ins) else 0
+                else:
+                    # lists the loop consumes (a gradient loop pops its accumulators) and
+                    # lists holding buffers another list holds
                     sizes[k] = 0
-        elif op.type in ("Identity", "ZerosLike") and ins and ins[0] in capacity:
+        elif op.type == "ZerosLike" and ins and op.outputs[0].dtype == "variant":
+            # a zero tensor for every element the list holds (uninitialised ones stay so)
+            if ins[0] in capacity:
+                capacity[(i, 0)] = capacity[ins[0]]
+            sizes[0] = nbytes[ins[0][0]][ins[0][1]]
+        elif op.type == "Identity" and ins and ins[0] in capacity:
             capacity[(i, 0)] = capacity[ins[0]]
-            sizes[0] = 0 if op.type == "ZerosLike" else nbytes[ins[0][0]][ins[0][1]]
+            sizes[0] = nbytes[ins[0][0]][ins[0][1]]
         for port, b in sizes.items():
             if b < 0 and ins and op.type in ("Identity", "IdentityN"):
                 src = ins[port] if port < len(ins) else ins[0]
@@ -735,3 +754,207 @@ def _shape_from_values(
         batch_b = (1,) * (n - len(batch_b)) + batch_b
         return tuple(max(x, y) for x, y in zip(batch_a, batch_b, strict=True)) + (rows, cols)
     return None
+
+
+# --- While loops: the body as a graph of its own ------------------------------------------
+
+#: Output argument names of the multi-output ops found in loop bodies (TensorFlow's op
+#: registry), so that a body's ``node:arg:index`` references map to output ports. Ops with
+#: one output argument need none (the index is the port).
+_OUTPUT_ARGS: dict[str, tuple[str, ...]] = {
+    "TensorListPopBack": ("output_handle", "tensor"),
+    "BroadcastGradientArgs": ("r0", "r1"),
+    "Unique": ("y", "idx"),
+    "TopKV2": ("values", "indices"),
+    "Switch": ("output_false", "output_true"),
+    "Merge": ("output", "value_index"),
+    "SparseSoftmaxCrossEntropyWithLogits": ("loss", "backprop"),
+    "SoftmaxCrossEntropyWithLogits": ("loss", "backprop"),
+    "FusedBatchNormV3": ("y", "batch_mean", "batch_variance", "reserve_space_1",
+                         "reserve_space_2", "reserve_space_3"),
+    "FusedBatchNormGradV3": ("x_backprop", "scale_backprop", "offset_backprop",
+                             "reserve_space_4", "reserve_space_5"),
+}
+#: Ops of a body through which a value passes unchanged.
+_PASS_OPS = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot"})
+#: Loop-variable kinds :func:`loop_variables` reports.
+LOOP_KINDS = ("pass", "carried", "filled", "consumed", "refs", "duplicate")
+
+
+@dataclass(frozen=True)
+class LoopBody:
+    """What one iteration of a ``While`` op does with its loop variables.
+
+    Attributes
+    ----------
+    graph : Graph
+        The body as a graph: one ``_LoopArg`` op per loop variable (its shape is the
+        ``While`` input's, known at the batch size), then the body's nodes.
+    kinds : tuple of str
+        Per loop variable: ``"pass"`` (returned unchanged), ``"carried"`` (a new value
+        each iteration), ``"filled"`` (a list the body pushes or sets fresh values into),
+        ``"consumed"`` (a list the body pops), ``"refs"`` (a list the body pushes elements
+        of another list into: it holds that list's memory), ``"duplicate"`` (a list the
+        body pushes a loop variable's previous value into, which another list holds as
+        that variable's new value one iteration earlier).
+    sources : tuple of int
+        Per loop variable, for ``"refs"``: the loop variable whose list it references;
+        else -1.
+    """
+
+    graph: Graph
+    kinds: tuple[str, ...]
+    sources: tuple[int, ...]
+
+
+def _body_ref(ref: str, args: dict[str, int], nodes: dict[str, Any]) -> str:
+    """A body reference (``arg``, ``node:out_arg:k``) as ``"op:port"``."""
+    parts = ref.split(":")
+    if parts[0] in args or len(parts) == 1:
+        return f"{parts[0]}:0"
+    node = nodes.get(parts[0])
+    k = int(parts[-1]) if parts[-1].isdigit() else 0
+    names = _OUTPUT_ARGS.get(node.op, ()) if node is not None else ()
+    if len(parts) == 3 and parts[1] in names:
+        return f"{parts[0]}:{names.index(parts[1]) + k}"
+    return f"{parts[0]}:{k}"
+
+
+def loop_body(graph: Graph, i: int, sizes_of_inputs: tuple[tuple[int, ...] | None, ...]
+              ) -> LoopBody | None:
+    """The body of ``While`` op ``i`` as a graph, and what it does with each loop variable.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph holding the ``While`` op (and, in its GraphDef, the function library).
+    i : int
+        Index of the ``While`` op.
+    sizes_of_inputs : tuple
+        Resolved shapes of the op's inputs (the loop variables' shapes).
+
+    Returns
+    -------
+    LoopBody or None
+        None when the graph keeps no GraphDef or the body is not in its library.
+    """
+    op = graph.ops[i]
+    names = op.attrs.get("body", ())
+    if graph.graphdef is None or not names:
+        return None
+    key = (names[0], tuple(sizes_of_inputs))
+    return _loop_body(graph.graphdef, key)
+
+
+@functools.lru_cache(maxsize=64)
+def _loop_body(graphdef: bytes, key: tuple[str, tuple]) -> LoopBody | None:
+    from .ir import TensorSpec
+    from .load import _compiled_signatures, _output_dtypes, _small_attrs
+
+    fname, arg_shapes = key
+    f = _library(graphdef).get(fname)
+    if f is None:
+        return None
+    sigs = _compiled_signatures()
+    args = {a.name: k for k, a in enumerate(f.signature.input_arg)}
+    nodes = {n.name: n for n in f.node_def}
+    ops: list[Op] = []
+    for k, a in enumerate(f.signature.input_arg):
+        shape = arg_shapes[k] if k < len(arg_shapes) else None
+        ops.append(Op(a.name, "_LoopArg", outputs=(TensorSpec(_dtype_name(a.type), shape),)))
+    for n in f.node_def:
+        shapes = [
+            None if sh.unknown_rank else tuple(d.size for d in sh.dim)
+            for sh in n.attr["_output_shapes"].list.shape
+        ] if "_output_shapes" in n.attr else None
+        sig = sigs.get(n.op)
+        dtypes = _output_dtypes(n.attr, sig, len(shapes) if shapes is not None else None)
+        if shapes is None:
+            shapes = [None] * len(dtypes)
+        dtypes = (dtypes + ["unknown"] * len(shapes))[: len(shapes)]
+        ops.append(Op(
+            n.name, n.op, "",
+            tuple(_body_ref(t, args, nodes) for t in n.input if not t.startswith("^")),
+            tuple(t[1:] for t in n.input if t.startswith("^")),
+            tuple(TensorSpec(d, s) for d, s in zip(dtypes, shapes, strict=True)),
+            _small_attrs(n),
+        ))
+    try:
+        body = Graph(tuple(ops), f"{fname} (loop body)")
+        body.adjacency  # noqa: B018 - a body that does not link up is not modelled
+    except GraphError:
+        return None
+    rets = [f.ret.get(a.name, "") for a in f.signature.output_arg]
+    kinds, sources = [], []
+    for k, ref in enumerate(rets):
+        kind, src = _loop_kind(body, args, nodes, k, ref, rets)
+        kinds.append(kind)
+        sources.append(src)
+    return LoopBody(body, tuple(kinds), tuple(sources))
+
+
+def _through(body: Graph, tensor: str) -> str:
+    """Follow pass-through ops back to the tensor a value is."""
+    seen = 0
+    while seen < 64:
+        name, _, port = tensor.rpartition(":")
+        idx = body.index.get(name)
+        if idx is None:
+            return tensor
+        op = body.ops[idx]
+        if op.type not in _PASS_OPS or not op.inputs:
+            return tensor
+        tensor = op.inputs[int(port) if op.type == "IdentityN" else 0]
+        seen += 1
+    return tensor
+
+
+def _loop_kind(
+    body: Graph, args: dict[str, int], nodes: dict[str, Any], k: int, ret: str,
+    rets: list[str],
+) -> tuple[str, int]:
+    """Kind of loop variable ``k`` (see :class:`LoopBody`) and its source variable."""
+    arg_of = {f"{a}:0": j for a, j in args.items()}
+    t = _through(body, _body_ref(ret, args, nodes)) if ret else ""
+    if arg_of.get(t) == k:
+        return "pass", -1
+    pushed: list[str] = []
+    kind = ""
+    while t and t not in arg_of:
+        name = t.rpartition(":")[0]
+        op = body.ops[body.index[name]] if name in body.index else None
+        if op is None or not op.inputs:
+            break
+        if op.type == "TensorListPopBack":
+            kind = "consumed"
+        elif op.type in ("TensorListPushBack", "TensorListSetItem"):
+            kind = kind or "filled"
+            pushed.append(_through(body, op.inputs[-1]))
+        elif op.type not in _PASS_OPS:
+            break
+        t = _through(body, op.inputs[0])
+    if arg_of.get(t) != k or not kind:
+        return "carried", -1
+    if kind == "consumed":
+        return kind, -1
+    outs = {_through(body, _body_ref(r, args, nodes)): j for j, r in enumerate(rets) if r}
+    for x in pushed:
+        name = x.rpartition(":")[0]
+        op = body.ops[body.index[name]] if name in body.index else None
+        if op is not None and op.type == "TensorListGetItem" and op.inputs:
+            src = arg_of.get(_through(body, op.inputs[0]), -1)
+            if src >= 0:
+                return "refs", src
+        m = arg_of.get(x)
+        if m is not None and m != k and m < len(rets):
+            # The previous value of loop variable m: if another list pushes m's new
+            # value, both lists hold the same buffers (all but the first).
+            new = _through(body, _body_ref(rets[m], args, nodes))
+            if any(_through(body, p.inputs[-1]) == new for p in _pushes(body) if p.inputs):
+                return "duplicate", -1
+    del outs
+    return "filled", -1
+
+
+def _pushes(body: Graph) -> list[Op]:
+    return [op for op in body.ops if op.type in ("TensorListPushBack", "TensorListSetItem")]
