@@ -937,7 +937,6 @@ def _loop_kind(
         return "carried", -1
     if kind == "consumed":
         return kind, -1
-    outs = {_through(body, _body_ref(r, args, nodes)): j for j, r in enumerate(rets) if r}
     for x in pushed:
         name = x.rpartition(":")[0]
         op = body.ops[body.index[name]] if name in body.index else None
@@ -952,9 +951,9 @@ def _loop_kind(
             new = _through(body, _body_ref(rets[m], args, nodes))
             if any(_through(body, p.inputs[-1]) == new for p in _pushes(body) if p.inputs):
                 return "duplicate", -1
-    del outs
     return "filled", -1
 
 
 def _pushes(body: Graph) -> list[Op]:
+    """The ops of a body that put a value into a list."""
     return [op for op in body.ops if op.type in ("TensorListPushBack", "TensorListSetItem")]
