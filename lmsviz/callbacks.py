@@ -149,7 +149,9 @@ def base_of(
             levels=ordering.levels, categories=ordering.categories, shapes=shapes,
             nbytes=nbytes,
         )
-        buffers = {t: (b.start, b.end, b.bytes) for b in sim.buffers if not b.scratch
+        # kernel workspaces too: the table lists them, and a toggle of one must be refused
+        # as such, not as an unknown tensor
+        buffers = {t: (b.start, b.end, b.bytes) for b in sim.buffers
                    for t in (b.tensor, *b.views)}
         return Base(loaded, batch, workspace, sizes, sim, table,
                     figures.op_positions(ordering.levels, ordering.categories), buffers)
