@@ -781,22 +781,33 @@ def _prepare(gdef: graph_pb2.GraphDef, devices: int, seed: int) -> None:
                     node.attr["seed2"].i = count
 
 
-def _session_config(devices: int, inter_op_threads: int, intra_op_threads: int):
-    rewrite = rewriter_config_pb2.RewriterConfig(
-        disable_meta_optimizer=True,
-        constant_folding=rewriter_config_pb2.RewriterConfig.OFF,
-        arithmetic_optimization=rewriter_config_pb2.RewriterConfig.OFF,
-        dependency_optimization=rewriter_config_pb2.RewriterConfig.OFF,
-        layout_optimizer=rewriter_config_pb2.RewriterConfig.OFF,
-        remapping=rewriter_config_pb2.RewriterConfig.OFF,
-        memory_optimization=rewriter_config_pb2.RewriterConfig.NO_MEM_OPT,
-    )
-    optimizer = config_pb2.OptimizerOptions(
-        opt_level=config_pb2.OptimizerOptions.L0,
-        do_common_subexpression_elimination=False,
-        do_constant_folding=False,
-        do_function_inlining=False,
-    )
+def _session_config(
+    devices: int, inter_op_threads: int, intra_op_threads: int, grappler: bool = False
+) -> config_pb2.ConfigProto:
+    """The session's configuration: Grappler and the classic optimizer off, or defaults.
+
+    With ``grappler`` the rewriter and optimizer options are TensorFlow's defaults (empty
+    protos), which is what a ``tf.function`` gets: the graph that runs is Grappler's.
+    """
+    if grappler:
+        rewrite = rewriter_config_pb2.RewriterConfig()
+        optimizer = config_pb2.OptimizerOptions()
+    else:
+        rewrite = rewriter_config_pb2.RewriterConfig(
+            disable_meta_optimizer=True,
+            constant_folding=rewriter_config_pb2.RewriterConfig.OFF,
+            arithmetic_optimization=rewriter_config_pb2.RewriterConfig.OFF,
+            dependency_optimization=rewriter_config_pb2.RewriterConfig.OFF,
+            layout_optimizer=rewriter_config_pb2.RewriterConfig.OFF,
+            remapping=rewriter_config_pb2.RewriterConfig.OFF,
+            memory_optimization=rewriter_config_pb2.RewriterConfig.NO_MEM_OPT,
+        )
+        optimizer = config_pb2.OptimizerOptions(
+            opt_level=config_pb2.OptimizerOptions.L0,
+            do_common_subexpression_elimination=False,
+            do_constant_folding=False,
+            do_function_inlining=False,
+        )
     return config_pb2.ConfigProto(
         device_count={"CPU": devices, "GPU": 0},
         inter_op_parallelism_threads=inter_op_threads,
@@ -1018,6 +1029,7 @@ def measure(
     trace_step: int = -1,
     inter_op_threads: int = -1,
     intra_op_threads: int = 0,
+    grappler: bool = False,
 ) -> Measurement:
     """Run a training step on the CPU and measure what TensorFlow allocates.
 
@@ -1050,6 +1062,13 @@ def measure(
         context, so this only takes effect for the first one (or if the environment
         variable ``TF_OVERRIDE_GLOBAL_THREADPOOL=1`` was set before TensorFlow started).
         It did not change any measured peak.
+    grappler : bool, optional
+        False (the default): Grappler and the classic graph optimizer are off, so the
+        graph runs as given, which is what the memory simulator models. True: both run
+        with TensorFlow's default configuration, as in a ``tf.function`` (the user's
+        runtime, :func:`lmscore.swap`): fused kernels, rewritten arithmetic, folded
+        constants. Use it to compare numerics, not memory (the graph that runs is not the
+        one given; allocations of fused nodes are reported under the fused node's name).
 
     Returns
     -------
@@ -1097,8 +1116,9 @@ def measure(
     graphs tried, both orders gave the same peaks).
 
     Unseeded stateful random ops get a fixed seed derived from ``seed``, Grappler and the
-    classic graph optimizer are switched off, and every node is pinned to its CPU device,
-    so two calls with the same arguments give bit-identical losses and variables.
+    classic graph optimizer are switched off (unless ``grappler``), and every node is
+    pinned to its CPU device, so two calls with the same arguments give bit-identical
+    losses and variables.
     """
     for label, value, low in (
         ("batch_size", batch_size, 1),
@@ -1110,6 +1130,8 @@ def measure(
             raise ConfigError(f"{label}: must be an integer >= {low}, got {value!r}")
     if devices not in (1, 2):
         raise ConfigError(f"devices: must be 1 or 2, got {devices!r}")
+    if not isinstance(grappler, bool):
+        raise ConfigError(f"grappler: must be True or False, got {grappler!r}")
     if not isinstance(trace_step, int) or not -steps <= trace_step < steps:
         raise ConfigError(f"trace_step: must be in [{-steps}, {steps}), got {trace_step!r}")
     traced = trace_step % steps
@@ -1172,7 +1194,7 @@ def measure(
     losses: list[float] = []
     step_seconds: list[float] = []
     run_metadata = config_pb2.RunMetadata()
-    config = _session_config(devices, inter_op_threads, intra_op_threads)
+    config = _session_config(devices, inter_op_threads, intra_op_threads, grappler)
     try:
         with tf.compat.v1.Session(graph=graph, config=config) as session:
             session.run(init_ops, feed_dict=init_feeds)
