@@ -341,6 +341,152 @@ DEFAULT_PREDICATES: tuple[Predicate, ...] = (
 )
 
 
+# --- What Grappler makes of the step --------------------------------------------------------
+#
+# The user's runtime (a ``tf.function``) runs Grappler's default optimizers, and oneDNN's
+# layout pass on x86 CPUs, on the rewritten step. Both decide by the graph's structure, so
+# an edge the rewrite adds or moves can change which kernels run, and so the last bits of
+# every result, though the rewrite itself moves values only. Three causes were found on the
+# zoo (tests/test_zoo_numerics.py), each ruled out below, in one place.
+
+#: Op types a swap's control edge may start from (trigger) or end at (release). A control
+#: input or output on an op can stop Grappler from fusing or rewriting it with its
+#: neighbours, and so change the kernels that run: on the zoo, edges on every ``Sigmoid``
+#: blocked oneDNN's ``x * Sigmoid(x)`` -> ``_MklSwish`` fusion (stochastic_depth_cnn), and
+#: edges on a ``Mul`` made the arithmetic optimizer reassociate a GELU gradient's ``Mul``
+#: chain otherwise (transformers: 7e-9, mixed precision: 6e-4 apart after 3 steps). Control
+#: edges into and out of every op of the types below left losses and variables of 12 zoo
+#: steps bit-identical under default Grappler, oneDNN on and off. Element-wise arithmetic,
+#: activations, normalization pieces and reductions stay out even where they measured
+#: harmless here: they are the inner nodes of Grappler's fusion patterns and of its
+#: arithmetic rewrites. So do the ops oneDNN's layout pass merges with a neighbour:
+#: ``Conv2DBackpropFilter`` + ``BiasAddGrad`` -> ``_MklNativeConv2DBackpropFilterWithBias``
+#: is not merged when the ``BiasAddGrad`` waits for a swap-out (unet2d: 7e-9 apart, even
+#: with Grappler off), and ``Pad`` + ``Conv2D``. Types not listed are never used (unknown
+#: is not safe).
+CONTROL_SAFE_OPS = frozenset({
+    # contractions (the first node of a fusion, whose inputs the fused node keeps)
+    "Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul", "BatchMatMulV2",
+    # gradient kernels
+    "Conv2DBackpropInput", "Conv3DBackpropInputV2",
+    "Conv3DBackpropFilterV2", "DepthwiseConv2dNativeBackpropInput",
+    "DepthwiseConv2dNativeBackpropFilter", "MaxPoolGrad", "MaxPool3DGrad", "ReluGrad",
+    "Relu6Grad", "SigmoidGrad", "RsqrtGrad", "StridedSliceGrad",
+    "UnsortedSegmentSum",
+    # pooling, the loss, gathers
+    "MaxPool", "MaxPool3D", "SparseSoftmaxCrossEntropyWithLogits", "GatherV2",
+    # data movement: whatever Grappler does to them, values do not change
+    "Reshape", "Transpose", "Squeeze", "ExpandDims", "ConcatV2", "Pack", "Slice",
+    "StridedSlice", "Tile", "BroadcastTo", "DynamicStitch", "TensorListStack",
+    "TensorListFromTensor",
+})
+
+
+def control_safe(graph: Graph, i: int) -> bool:
+    """Whether a swap's control edge may start or end at op ``i``.
+
+    Used for triggers (:func:`find_trigger`) and release ops
+    (:func:`lmscore.rewrite.rewrite`) alike: an op of :data:`CONTROL_SAFE_OPS` that is not
+    itself a swap op.
+    """
+    op = graph.ops[i]
+    return op.type in CONTROL_SAFE_OPS and not op.attrs.get("_lms_role")
+
+
+#: Pooling gradients and the input through which oneDNN's layout pass finds the forward
+#: op whose workspace they read: with oneDNN on, ``MaxPool3DGrad`` reading the pool's
+#: output through a swap-in is not rewritten to the oneDNN kernel at all and routes the
+#: gradient of tied maxima elsewhere (unet3d: loss 0.109 apart after 3 steps, even with
+#: Grappler off).
+_WORKSPACE_PAIRS = {
+    "MaxPoolGrad": (frozenset({"MaxPool"}), 1),
+    "MaxPoolGradV2": (frozenset({"MaxPoolV2"}), 1),
+    "MaxPool3DGrad": (frozenset({"MaxPool3D"}), 1),
+    "LRNGrad": (frozenset({"LRN"}), 2),
+}
+#: Sums whose result depends on the order of their inputs (three or more).
+_AGGREGATES = frozenset({"AddN", "AccumulateNV2"})
+#: Commutative, associative binary ops and the ops the arithmetic optimizer chains them
+#: with (``MinimizeBroadcasts`` reassociates ``Mul`` and ``Add`` chains, ``AddOpsRewrite``
+#: folds ``Add`` trees into one ``AddN``), in the order of their (sorted) inputs.
+_CHAINS = {
+    "Mul": frozenset({"Mul"}),
+    "AddV2": frozenset({"AddV2", "Add", "AddN", "AccumulateNV2"}),
+    "Add": frozenset({"AddV2", "Add", "AddN", "AccumulateNV2"}),
+}
+
+
+def keeps_tensor(graph: Graph, consumer: int, producer: int, port: int) -> bool:
+    """Whether ``consumer`` must read ``producer:port`` itself, never through a swap-in.
+
+    Grappler's common-subgraph elimination sorts the inputs of commutative ops by name
+    before the arithmetic optimizer runs, so a swap-in, named ``lms/swapin_...``, can move
+    to another place among the inputs: an ``AddN`` then sums in another order (transformer
+    gradients: 7e-9 apart), a ``Mul`` or ``AddV2`` chain is reassociated otherwise (GELU
+    gradients under mixed precision: 6e-4). Such a consumer keeps the tensor when its
+    sorted inputs would change order, and so does a pooling gradient that oneDNN pairs
+    with its forward op (:data:`_WORKSPACE_PAIRS`). Candidates leave these consumers near.
+
+    Parameters
+    ----------
+    graph : Graph
+    consumer, producer : int
+        Op indices; ``consumer`` reads output ``port`` of ``producer``.
+    port : int
+
+    Returns
+    -------
+    bool
+    """
+    op = graph.ops[consumer]
+    adj = graph.adjacency
+    data = adj.data_in[consumer]
+    pair = _WORKSPACE_PAIRS.get(op.type)
+    if pair is not None:
+        types, k = pair
+        if k < len(data) and data[k] == (producer, port) and graph.ops[producer].type in types:
+            return True
+    if op.type in _AGGREGATES:
+        if len(data) < 3:
+            return False
+    elif op.type in _CHAINS:
+        family = _CHAINS[op.type]
+        linked = any(graph.ops[p].type in family for p, _ in data) or any(
+            graph.ops[s].type in family for s in adj.succs[consumer]
+        )
+        if not linked:
+            return False
+    else:
+        return False
+    return _reorders(graph, data, (producer, port))
+
+
+def _spelled(graph: Graph, tensor: tuple[int, int]) -> str:
+    """A data input as a NodeDef spells it (and Grappler sorts it): ``name`` or ``name:k``."""
+    name = graph.ops[tensor[0]].name
+    return name if tensor[1] == 0 else f"{name}:{tensor[1]}"
+
+
+def _reorders(graph: Graph, data: Sequence[tuple[int, int]], tensor: tuple[int, int]) -> bool:
+    """Whether naming ``tensor``'s swap-in instead moves it among the sorted ``data``.
+
+    Any other input may be swapped too, so both its names are compared.
+    """
+    from .rewrite import swap_names  # rewrite imports this module
+
+    def swap_in(t: tuple[int, int]) -> str:
+        return swap_names(f"{graph.ops[t[0]].name}:{t[1]}", 1)[1][0]
+
+    before, after = _spelled(graph, tensor), swap_in(tensor)
+    for other in data:
+        if other == tensor:
+            continue
+        for name in (_spelled(graph, other), swap_in(other)):
+            if (before < name) != (after < name):
+                return True
+    return False
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A tensor that may be swapped, with its far consumers.
@@ -353,7 +499,8 @@ class Candidate:
     far : tuple of str
         Consumers beyond the threshold, by level.
     near : tuple of str
-        Consumers that keep reading the original tensor.
+        Consumers that keep reading the original tensor: those within the threshold and
+        those that must (:func:`keeps_tensor`).
     """
 
     tensor: str
@@ -369,7 +516,10 @@ def candidates(
     threshold: int,
     predicates: Sequence[Predicate] = DEFAULT_PREDICATES,
 ) -> tuple[Candidate, ...]:
-    """Tensors with at least one consumer more than ``threshold`` levels after them."""
+    """Tensors with at least one consumer more than ``threshold`` levels after them.
+
+    Consumers that must read the tensor itself (:func:`keeps_tensor`) are never far.
+    """
     ordering = order(graph)
     lv = ordering.levels
     adj = graph.adjacency
@@ -380,11 +530,13 @@ def candidates(
             if not readers or not all(p(graph, ordering, sizes, i, port) for p in predicates):
                 continue
             far = sorted(
-                {c for c in readers if lv[c] - lv[i] > threshold}, key=lambda c: (lv[c], c)
+                {c for c in readers
+                 if lv[c] - lv[i] > threshold and not keeps_tensor(graph, c, i, port)},
+                key=lambda c: (lv[c], c),
             )
             if not far:
                 continue
-            near = sorted({c for c in readers if lv[c] - lv[i] <= threshold})
+            near = sorted(set(readers) - set(far))
             out.append(Candidate(
                 tensor=f"{op.name}:{port}",
                 bytes=sizes.nbytes[i][port],
@@ -519,7 +671,8 @@ def find_trigger(
 
     The trigger lies about ``ahead`` levels before the group's first consumer, after the
     tensor's producer, on the accelerator (a forward or backward op), and must reach the
-    first consumer, so the control edge cannot make a cycle. Levels are searched from
+    first consumer, so the control edge cannot make a cycle. It is an op whose control
+    output changes nothing Grappler does (:func:`control_safe`). Levels are searched from
     ``first - ahead`` outwards (nearer first) within ``window`` levels.
     """
     ordering = order(graph)
@@ -542,9 +695,9 @@ def find_trigger(
                 stack.append(p)
     by_level: dict[int, list[int]] = {}
     for i in seen:
-        if i != first and ordering.categories[i] in (FORWARD, BACKWARD) and not graph.ops[
-            i
-        ].attrs.get("_lms_role"):
+        if i != first and ordering.categories[i] in (FORWARD, BACKWARD) and control_safe(
+            graph, i
+        ):
             by_level.setdefault(lv[i], []).append(i)
     order_of_levels = sorted(
         range(lowest, lv[first]), key=lambda level: (abs(level - target), level < target)

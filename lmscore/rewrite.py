@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 
 from .errors import GraphError, PlanError
 from .ir import Graph, Op, lint, split_tensor
-from .order import BACKWARD, FORWARD, SHAPE_ONLY_OPS, UPDATE, order
-from .plan import Plan, Swap, check_plan
+from .order import BACKWARD, FORWARD, UPDATE, order
+from .plan import Plan, Swap, check_plan, control_safe
 
 SWAP_OUT, SWAP_IN = "swap_out", "swap_in"
 
@@ -220,7 +220,8 @@ def _released(graph: Graph, releases: list[tuple[str, str]]) -> Graph:
     pass first needed a swap-in), and the device buffer stays allocated until it does.
     Making the next op wait for the copy frees the buffer where the simulation frees it.
     The op taken is the next one in the rewritten step's own order that the step needs
-    (TensorFlow prunes the others) and that computes something (a Shape may be folded),
+    (TensorFlow prunes the others) and whose control input changes nothing Grappler does
+    (:func:`lmscore.plan.control_safe`: a Shape may be folded, a Sigmoid not fused),
     after both the last reader and the swap-out: every edge goes forward in one
     topological order, so together they close no cycle::
 
@@ -241,72 +242,11 @@ def _released(graph: Graph, releases: list[tuple[str, str]]) -> Graph:
         last = max((pos[c] for c in near if c != out), default=pos[graph.index[producer]])
         for i in schedule[max(last, pos[out]) + 1:]:
             op = ops[i]
-            if needed[i] and op.type not in SHAPE_ONLY_OPS and op.outputs and (
-                not op.attrs.get("_lms_role")
-            ):
+            if needed[i] and control_safe(graph, i):
                 if out_name not in op.control_inputs:
                     ops[i] = replace(op, control_inputs=(*op.control_inputs, out_name))
                 break
     return graph.derive(ops, source=graph.source)
-
-
-def _pinned(graph: Graph) -> Graph:
-    """Chain the device ops of ``graph`` in its simulated (FIFO) order with control edges.
-
-    The chain follows a topological order, so it closes no cycle, and it leaves the
-    simulated order as it was: only the executor loses its freedom to run ready ops in
-    another order or at once. Swap-outs run on the host and stay out; so do feeds,
-    variables and constants (the executor has them before the step starts) and ops the
-    step prunes::
-
-        before:  a -> b ;  a -> c        (b and c ready together, either may run first)
-        after:   a -> b ;  a -> c ; b ->^ c
-    """
-    ordering = order(graph)
-    cats = ordering.categories
-    chain = [
-        i for i in ordering.schedule
-        if ordering.needed[i] and graph.ops[i].attrs.get("_lms_role") != SWAP_OUT
-        and (cats[i] in (FORWARD, BACKWARD, UPDATE) or graph.ops[i].attrs.get("_lms_role"))
-    ]
-    ops = list(graph.ops)
-    for a, b in zip(chain, chain[1:], strict=False):
-        name = graph.ops[a].name
-        if name not in ops[b].control_inputs:
-            ops[b] = replace(ops[b], control_inputs=(*ops[b].control_inputs, name))
-    return graph.derive(ops, source=graph.source)
-
-
-def _release_op(graph: Graph, tensor: str, served: set[str]) -> str | None:
-    """The op that must wait for the swap-out of ``tensor``.
-
-    It is the one the executor runs next after the tensor's last reader on the device.
-    TensorFlow's executor runs an op as soon as its inputs are ready, and nothing needs a
-    swap-out until a swap-in reads it: left alone, a swap-out can run long after its
-    tensor's last device reader (on the emulated accelerator, whose host executor shares
-    the calling thread, it ran only when the backward pass first needed a swap-in), and the
-    device buffer stays allocated until it does. Making the next op wait for the copy
-    frees the buffer where the simulation frees it. The op taken is the next one the step
-    needs (TensorFlow prunes the others) that computes something. Any later op in a
-    topological order comes after the producer, so the edge closes no cycle::
-
-        before:  p -> c (near) ;  p -> swapout -> swapin -> far
-                 schedule ... p ... c, r ...
-        after:   the same, plus  swapout ->^ r   (r: the op after c in the schedule)
-    """
-    ordering = order(graph)
-    producer, port = split_tensor(tensor)
-    p = graph.index[producer]
-    near = [c for c in graph.adjacency.consumers.get((p, port), ())
-            if graph.ops[c].name not in served]
-    pos = ordering.position
-    last = max((pos[c] for c in near), default=pos[p])
-    needed = ordering.needed
-    for i in ordering.schedule[last + 1:]:
-        # an op the step runs, and one that computes (a Shape may be folded away)
-        if needed[i] and graph.ops[i].type not in SHAPE_ONLY_OPS and graph.ops[i].outputs:
-            return graph.ops[i].name
-    return None
 
 
 def _unique(name: str, ops: dict[str, Op]) -> str:
