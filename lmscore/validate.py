@@ -18,6 +18,7 @@ an accelerator's, which is why predictions use ``workspace="accelerator"`` inste
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -143,7 +144,8 @@ class PlanValidation:
         Simulated over measured host peak (target within 10%).
     max_abs_diff : float
         Largest difference between the original and rewritten runs over the losses and
-        every variable after all steps (0.0 = bit-identical).
+        every variable after all steps (0.0 = bit-identical), with Grappler off: the graph
+        as given, as the simulator models it.
     losses : dict
         ``{"original": [...], "rewritten": [...]}``.
     finite : bool
@@ -155,6 +157,17 @@ class PlanValidation:
         That largest run against the simulation on one time axis
         (:func:`lmscore.timeline.compare`): what the device held at its peak that the
         simulation had freed, and when each swap really ran.
+    max_abs_diff_grappler : float
+        The same difference with both steps run under TensorFlow's default Grappler, as
+        :func:`lmscore.swap` runs them (NaN when not measured): fused kernels and rewritten
+        arithmetic, which an edge of the rewrite can change.
+    losses_grappler : dict
+        ``{"original": [...], "rewritten": [...]}`` under default Grappler.
+    divergence : str
+        Empty when the losses of the original step behave; otherwise why they do not
+        (non-finite values, or the loss growing by orders of magnitude over the steps, see
+        :func:`divergence`): the synthetic data make training blow up, and a difference
+        of 0.0 between two blown-up runs says little.
     """
 
     batch_size: int
@@ -170,11 +183,20 @@ class PlanValidation:
     swapped_tensors: int
     rewritten_runs: tuple[int, ...] = ()
     timeline: Timeline | None = None
+    max_abs_diff_grappler: float = float("nan")
+    losses_grappler: dict[str, list[float]] | None = None
+    divergence: str = ""
+
+    @property
+    def diverged(self) -> bool:
+        """Whether the synthetic data made the loss diverge (:attr:`divergence`)."""
+        return bool(self.divergence)
 
     def as_dict(self) -> dict[str, Any]:
-        """The ``lms validate --plan --json`` object (an undefined ratio is ``null``)."""
+        """The ``lms validate --plan --json`` object (an undefined number is ``null``)."""
         d = asdict(self)
-        for key in ("saving_ratio", "host_ratio"):
+        d["diverged"] = self.diverged
+        for key in ("saving_ratio", "host_ratio", "max_abs_diff_grappler"):
             if math.isnan(d[key]):
                 d[key] = None
         d["rewritten_runs"] = list(self.rewritten_runs)
@@ -191,8 +213,82 @@ class PlanValidation:
 EMULATION_THREADS = 2
 
 
+#: How many times its first value the loss may reach before a run counts as diverged:
+#: two orders of magnitude. Training on the synthetic data of a few steps moves the loss by
+#: percents (the zoo: under 10%); a blown-up step went from 1.1 to 2e15.
+DIVERGENCE_FACTOR = 100.0
+
+
+def divergence(losses: Sequence[float], finite: bool = True) -> str:
+    """Why a run's losses show the step diverging, or ``""`` when they do not.
+
+    Parameters
+    ----------
+    losses : sequence of float
+        The loss after each step.
+    finite : bool
+        Whether the run's variables stayed finite too.
+
+    Returns
+    -------
+    str
+        One sentence, e.g. ``"the loss grew from 1.1 to 2e+15 in 3 steps"``.
+
+    Examples
+    --------
+    >>> divergence([1.1, 3e7, 2e15])
+    'the loss grew from 1.1 to 2e+15 in 3 steps (more than 100x)'
+    >>> divergence([2.3, 2.2, 2.25])
+    ''
+    """
+    values = list(losses)
+    if not finite or not all(math.isfinite(x) for x in values):
+        return "a loss or a variable became NaN or infinite"
+    if len(values) < 2:
+        return ""
+    first, worst = abs(values[0]), max(abs(x) for x in values)
+    if worst > DIVERGENCE_FACTOR * max(first, 1e-30):
+        return (f"the loss grew from {values[0]:.3g} to {max(values, key=abs):.3g} in "
+                f"{len(values)} steps (more than {DIVERGENCE_FACTOR:g}x)")
+    return ""
+
+
+def max_abs_diff(a: Any, b: Any) -> float:
+    """Largest difference between two measurements' losses and final variables.
+
+    Parameters
+    ----------
+    a, b : Measurement
+        Runs of the same step (original and rewritten) with the same inputs.
+
+    Returns
+    -------
+    float
+        0.0 when they are bit-identical; NaN where one is NaN and the other is not.
+
+    Raises
+    ------
+    RunError
+        If a variable is missing from ``b`` or has another shape.
+    """
+    import numpy as np
+
+    diffs = [abs(x - y) for x, y in zip(a.losses, b.losses, strict=True)]
+    for name, value in a.variables.items():
+        other = b.variables.get(name)
+        if other is None or other.shape != value.shape:
+            raise RunError(f"variable {name!r} differs in shape between the two runs")
+        if value.size:
+            diffs.append(float(np.max(np.abs(value.astype(np.float64) - other))))
+    # max() drops NaN depending on its position: report it wherever it is
+    if any(math.isnan(d) for d in diffs):
+        return float("nan")
+    return float(max(diffs, default=0.0))
+
+
 def validate_plan(
-    graph: Graph, plan: Any, batch_size: int, *, steps: int = 3, seed: int = 0, runs: int = 3
+    graph: Graph, plan: Any, batch_size: int, *, steps: int = 3, seed: int = 0, runs: int = 3,
+    grappler: bool = True,
 ) -> PlanValidation:
     """Run the original and the rewritten step on the emulated accelerator and compare.
 
@@ -212,13 +308,16 @@ def validate_plan(
     seed : int
     runs : int
         Measured runs of the rewritten step (at least 1).
+    grappler : bool
+        Also run both steps once more under TensorFlow's default Grappler, as
+        :func:`lmscore.swap` does, and compare those numerics
+        (:attr:`PlanValidation.max_abs_diff_grappler`); the Grappler-off runs measure
+        memory, since the simulator models the graph as given.
 
     Returns
     -------
     PlanValidation
     """
-    import numpy as np
-
     from .export import to_graphdef
     from .measure import measure
     from .rewrite import rewrite
@@ -249,13 +348,15 @@ def validate_plan(
     }
     simulated = {"original": sim0.peak_bytes, "rewritten": sim1.peak_bytes}
     host = int(m1.peak_bytes.get("CPU:1", 0))
-    diffs = [abs(a - b) for a, b in zip(m0.losses, m1.losses, strict=True)]
-    for name, value in m0.variables.items():
-        other = m1.variables.get(name)
-        if other is None or other.shape != value.shape:
-            raise RunError(f"variable {name!r} differs in shape between the two runs")
-        if value.size:
-            diffs.append(float(np.max(np.abs(value.astype(np.float64) - other))))
+    diff_grappler, losses_grappler = float("nan"), None
+    if grappler:
+        g0, g1 = (
+            measure(data, batch_size, steps=steps, seed=seed, devices=2,
+                    inter_op_threads=EMULATION_THREADS, grappler=True)
+            for data in (graph.graphdef, exported)
+        )
+        diff_grappler = max_abs_diff(g0, g1)
+        losses_grappler = {"original": list(g0.losses), "rewritten": list(g1.losses)}
     sim_saving = simulated["original"] - simulated["rewritten"]
     meas_saving = measured["original"] - measured["rewritten"]
     return PlanValidation(
@@ -267,10 +368,13 @@ def validate_plan(
         saving_ratio=(meas_saving / sim_saving if sim_saving > 0.01 * simulated["original"]
                       else float("nan")),
         host_ratio=sim1.host_peak_bytes / host if host else float("nan"),
-        max_abs_diff=float(max(diffs, default=0.0)),
+        max_abs_diff=max_abs_diff(m0, m1),
         losses={"original": list(m0.losses), "rewritten": list(m1.losses)},
         finite=m0.finite and m1.finite,
         swapped_tensors=len(rw.plan.swaps),
         rewritten_runs=tuple(peaks),
         timeline=compare(rw.graph, sim1, m1, dev),
+        max_abs_diff_grappler=diff_grappler,
+        losses_grappler=losses_grappler,
+        divergence=divergence(m0.losses, m0.finite),
     )
