@@ -416,7 +416,9 @@ _CHAINS = {
 }
 
 
-def keeps_tensor(graph: Graph, consumer: int, producer: int, port: int) -> bool:
+def keeps_tensor(
+    graph: Graph, consumer: int, producer: int, port: int, exact: bool = True
+) -> bool:
     """Whether ``consumer`` must read ``producer:port`` itself, never through a swap-in.
 
     Grappler's common-subgraph elimination sorts the inputs of commutative ops by name
@@ -433,6 +435,10 @@ def keeps_tensor(graph: Graph, consumer: int, producer: int, port: int) -> bool:
     consumer, producer : int
         Op indices; ``consumer`` reads output ``port`` of ``producer``.
     port : int
+    exact : bool
+        False keeps only the pooling pairs, whose loss another kernel changes outright,
+        and lets a swap-in reorder a sum (the last bits of the results): what tuned plans
+        do, which promise a peak rather than Grappler's summation order.
 
     Returns
     -------
@@ -446,6 +452,8 @@ def keeps_tensor(graph: Graph, consumer: int, producer: int, port: int) -> bool:
         types, k = pair
         if k < len(data) and data[k] == (producer, port) and graph.ops[producer].type in types:
             return True
+    if not exact:
+        return False
     if op.type in _AGGREGATES:
         if len(data) < 3:
             return False
@@ -515,10 +523,12 @@ def candidates(
     sizes: Sizes,
     threshold: int,
     predicates: Sequence[Predicate] = DEFAULT_PREDICATES,
+    exact: bool = True,
 ) -> tuple[Candidate, ...]:
     """Tensors with at least one consumer more than ``threshold`` levels after them.
 
-    Consumers that must read the tensor itself (:func:`keeps_tensor`) are never far.
+    Consumers that must read the tensor itself (:func:`keeps_tensor`, with ``exact``) are
+    never far.
     """
     ordering = order(graph)
     lv = ordering.levels
@@ -531,7 +541,8 @@ def candidates(
                 continue
             far = sorted(
                 {c for c in readers
-                 if lv[c] - lv[i] > threshold and not keeps_tensor(graph, c, i, port)},
+                 if lv[c] - lv[i] > threshold
+                 and not keeps_tensor(graph, c, i, port, exact)},
                 key=lambda c: (lv[c], c),
             )
             if not far:
@@ -665,15 +676,20 @@ def group_consumers(graph: Graph, consumers: Sequence[str], groupby: int) -> lis
 
 
 def find_trigger(
-    graph: Graph, tensor: str, consumers: Sequence[str], ahead: int, window: int
+    graph: Graph, tensor: str, consumers: Sequence[str], ahead: int, window: int,
+    exact: bool = True,
 ) -> str | None:
     """The op that should start a swap-in, or None when none fits (synchronous).
 
     The trigger lies about ``ahead`` levels before the group's first consumer, after the
     tensor's producer, on the accelerator (a forward or backward op), and must reach the
-    first consumer, so the control edge cannot make a cycle. It is an op whose control
-    output changes nothing Grappler does (:func:`control_safe`). Levels are searched from
-    ``first - ahead`` outwards (nearer first) within ``window`` levels.
+    first consumer, so the control edge cannot make a cycle. An op whose control output
+    changes nothing Grappler does (:func:`control_safe`) is preferred anywhere in the
+    window; without one, with ``exact`` the swap-in is synchronous, without it the
+    nearest op at all is taken (a control edge into an op Grappler would fuse changes the
+    last bits of the results, a synchronous swap-in comes back right after its swap-out and
+    saves nothing). Levels are searched from ``first - ahead`` outwards (nearer first)
+    within ``window`` levels.
     """
     ordering = order(graph)
     lv = ordering.levels
@@ -693,18 +709,18 @@ def find_trigger(
             if p not in seen and lv[p] >= lowest:
                 seen.add(p)
                 stack.append(p)
-    by_level: dict[int, list[int]] = {}
+    safe: dict[int, list[int]] = {}
+    other: dict[int, list[int]] = {}
     for i in seen:
-        if i != first and ordering.categories[i] in (FORWARD, BACKWARD) and control_safe(
-            graph, i
-        ):
-            by_level.setdefault(lv[i], []).append(i)
+        if i != first and ordering.categories[i] in (FORWARD, BACKWARD):
+            (safe if control_safe(graph, i) else other).setdefault(lv[i], []).append(i)
     order_of_levels = sorted(
         range(lowest, lv[first]), key=lambda level: (abs(level - target), level < target)
     )
-    for level in order_of_levels:
-        if level in by_level:
-            return graph.ops[min(by_level[level])].name
+    for by_level in (safe, other) if not exact else (safe,):
+        for level in order_of_levels:
+            if level in by_level:
+                return graph.ops[min(by_level[level])].name
     return None
 
 

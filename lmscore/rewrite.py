@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from .errors import GraphError, PlanError
 from .ir import Graph, Op, lint, split_tensor
-from .order import BACKWARD, FORWARD, UPDATE, order
+from .order import BACKWARD, FORWARD, SHAPE_ONLY_OPS, UPDATE, order
 from .plan import Plan, Swap, check_plan, control_safe
 
 SWAP_OUT, SWAP_IN = "swap_out", "swap_in"
@@ -178,7 +178,7 @@ def _apply(
         (ops[n] for n in order_names), source=f"{graph.source} (rewritten)"
     )
     if releases:
-        new = _released(new, releases)
+        new = _released(new, releases, exact=not plan.pin_schedule)
     if plan.pin_schedule:
         new = _pinned(new)
     return new, added
@@ -191,7 +191,11 @@ def _pinned(graph: Graph) -> Graph:
     simulated order as it was: only the executor loses its freedom to run ready ops in
     another order or at once. Swap-outs run on the host and stay out; so do feeds,
     variables and constants (the executor has them before the step starts) and ops the
-    step prunes::
+    step prunes. Every other op is chained, also ops whose control edges change what
+    Grappler or oneDNN fuse (:func:`lmscore.plan.control_safe`): left out of the chain,
+    they run out of order again (a GPT-like decoder's tuned plan measured 1.003 and 1.082
+    of its budget in two runs), and the promise of a peak is worth more than the last
+    bits a fusion changes (see the README)::
 
         before:  a -> b ;  a -> c        (b and c ready together, either may run first)
         after:   a -> b ;  a -> c ; b ->^ c
@@ -211,7 +215,7 @@ def _pinned(graph: Graph) -> Graph:
     return graph.derive(ops, source=graph.source)
 
 
-def _released(graph: Graph, releases: list[tuple[str, str]]) -> Graph:
+def _released(graph: Graph, releases: list[tuple[str, str]], exact: bool) -> Graph:
     """Make the next op after each swapped tensor's last device reader wait for its swap-out.
 
     TensorFlow's executor runs an op as soon as its inputs are ready, and nothing needs a
@@ -220,8 +224,9 @@ def _released(graph: Graph, releases: list[tuple[str, str]]) -> Graph:
     pass first needed a swap-in), and the device buffer stays allocated until it does.
     Making the next op wait for the copy frees the buffer where the simulation frees it.
     The op taken is the next one in the rewritten step's own order that the step needs
-    (TensorFlow prunes the others) and whose control input changes nothing Grappler does
-    (:func:`lmscore.plan.control_safe`: a Shape may be folded, a Sigmoid not fused),
+    (TensorFlow prunes the others) and, with ``exact``, whose control input changes nothing
+    Grappler does (:func:`lmscore.plan.control_safe`: a Shape may be folded, a Sigmoid not
+    fused); without it (pinned plans, which promise a peak) the next op that computes,
     after both the last reader and the swap-out: every edge goes forward in one
     topological order, so together they close no cycle::
 
@@ -240,13 +245,21 @@ def _released(graph: Graph, releases: list[tuple[str, str]]) -> Graph:
         out = graph.index[out_name]
         near = adj.consumers.get((graph.index[producer], port), ())
         last = max((pos[c] for c in near if c != out), default=pos[graph.index[producer]])
+        release = None
         for i in schedule[max(last, pos[out]) + 1:]:
-            op = ops[i]
-            if needed[i] and control_safe(graph, i):
-                if out_name not in op.control_inputs:
-                    ops[i] = replace(op, control_inputs=(*op.control_inputs, out_name))
+            if exact:
+                if needed[i] and control_safe(graph, i):
+                    release = i
+                    break
+            elif (needed[i] and ops[i].outputs and ops[i].type not in SHAPE_ONLY_OPS
+                  and not ops[i].attrs.get("_lms_role")):
+                release = i  # the next op that computes: where the simulation frees
                 break
+        if release is not None and out_name not in ops[release].control_inputs:
+            op = ops[release]
+            ops[release] = replace(op, control_inputs=(*op.control_inputs, out_name))
     return graph.derive(ops, source=graph.source)
+
 
 
 def _unique(name: str, ops: dict[str, Op]) -> str:

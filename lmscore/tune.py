@@ -251,7 +251,8 @@ def _context(
     elapsed = np.cumsum([seconds[i] for i in ordering.schedule])
     lv = ordering.levels
     cands = []
-    for c in candidates(graph, sizes, 0, DEFAULT_PREDICATES):
+    # Tuned plans promise a peak: swap-ins may reorder a sum's inputs (see keeps_tensor)
+    for c in candidates(graph, sizes, 0, DEFAULT_PREDICATES, exact=False):
         if c.tensor not in owner:  # views of variables and constants hold no memory
             continue
         readers = tuple(sorted((lv[graph.index[r]], r) for r in c.far))
@@ -271,7 +272,7 @@ def _swaps_for(ctx: _Context, threshold: int, ahead: int, groupby: int) -> tuple
         for g in group_consumers(ctx.graph, far, groupby):
             key = (tensor, g[0], ahead)
             if key not in ctx.triggers:
-                ctx.triggers[key] = find_trigger(ctx.graph, tensor, g, ahead, 10)
+                ctx.triggers[key] = find_trigger(ctx.graph, tensor, g, ahead, 10, exact=False)
             swap_ins.append(SwapIn(g, ctx.triggers[key]))
         swaps.append(Swap(tensor, tuple(swap_ins)))
     return tuple(swaps)
