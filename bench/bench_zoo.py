@@ -5,9 +5,10 @@ peak of the unmodified step (``lmscore.validate``); then, for budgets of 60% and
 the transient peak (device = fixed memory + that share), the tuned plan (``lmscore.tune``,
 default safety, this CPU's kernel workspace) run on the emulated accelerator three times
 (``lmscore.validate_plan``): simulated over measured rewritten peak, the largest measured
-peak over the device size B, measured over predicted saving, and whether losses and
-variables after three steps are bit-identical. Prints a markdown table; the kernel library
-is whatever TensorFlow runs here (set ``TF_ENABLE_ONEDNN_OPTS=0`` or ``=1``).
+peak over the device size B, measured over predicted saving, and the largest difference
+of losses and variables after three steps, with Grappler off (the graph as given) and
+with its default configuration (as ``lmscore.swap`` runs the step). Prints a markdown
+table; the kernel library is whatever TensorFlow runs here (``TF_ENABLE_ONEDNN_OPTS``).
 
     python bench/bench_zoo.py [NAME[:BATCH] ...]
 """
@@ -39,7 +40,7 @@ def main(argv: list[str]) -> None:
     chosen = argv or list(zoo.SMALL)
     print(f"kernel library: {cpu_kernel_library()}")
     print("| model | ops | batch | unmodified sim/meas | budget | fits | rewritten sim/meas | "
-          "measured / B | saving meas/pred | numerics | tune s |")
+          "measured / B | saving meas/pred | numerics (Grappler off / default) | tune s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for item in chosen:
         name, _, b = item.partition(":")
@@ -58,11 +59,12 @@ def main(argv: list[str]) -> None:
             if not r.fits:
                 print(f"{head} no: {r.message[:70]} | | | | | {seconds:.2f} |", flush=True)
                 continue
-            v = validate_plan(g, r.plan, batch, runs=3)
+            v = validate_plan(g, r.plan, batch, runs=3, grappler=True)
             meas = v.measured_device_peak_bytes["rewritten"]
             sim = v.simulated_device_peak_bytes["rewritten"]
             saving = "n/a" if math.isnan(v.saving_ratio) else f"{v.saving_ratio:.3f}"
-            same = "identical" if v.max_abs_diff == 0 else f"{v.max_abs_diff:.2g}"
+            same = " / ".join("identical" if d == 0 else f"{d:.2g}"
+                              for d in (v.max_abs_diff, v.max_abs_diff_grappler))
             print(f"{head} yes | {sim / meas:.3f} | {meas / device:.3f} | {saving} | {same} | "
                   f"{seconds:.2f} |", flush=True)
 
