@@ -416,6 +416,11 @@ def _validate_plan(args: argparse.Namespace, graph: Any, batch: int) -> int:
         print(f"  wrote {args.timeline}")
     same = "bit-identical" if v.max_abs_diff == 0 else f"max |diff| {v.max_abs_diff:.3g}"
     print(f"  losses and variables after {len(v.losses['original'])} steps: {same}")
+    if not math.isnan(v.max_abs_diff_grappler):
+        print("  under default Grappler (as lmscore.swap runs it): max |diff| "
+              f"{v.max_abs_diff_grappler:.3g}")
+    if v.diverged:
+        print(f"  the loss diverged on the synthetic data: {v.divergence}")
     return 0
 
 
