@@ -632,17 +632,7 @@ def _pick_loss(graph: Graph, candidates: list[int]) -> int | None:
         lv = _levels(graph)[0]
         best = max(pool, key=lambda i: (lv[i], -i))
     else:
-        def ancestors(i: int) -> int:
-            seen = {i}
-            stack = [i]
-            while stack:
-                for p, _ in adj.data_in[stack.pop()]:
-                    if p not in seen:
-                        seen.add(p)
-                        stack.append(p)
-            return len(seen)
-
-        best = max(pool, key=lambda i: (ancestors(i), -i))
+        best = max(pool, key=lambda i: (len(_ancestors(graph, i)), -i))
     while ops[best].type in ("Identity", "StopGradient") and adj.data_in[best]:
         prev = adj.data_in[best][0][0]
         if prev not in pool:
