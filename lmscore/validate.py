@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .errors import ConfigError, RunError
@@ -320,6 +320,7 @@ def validate_plan(
     """
     from .export import to_graphdef
     from .measure import measure
+    from .plan import empty_plan
     from .rewrite import rewrite
 
     rw = rewrite(graph, plan)
@@ -328,7 +329,14 @@ def validate_plan(
     # Both on the same two-device runtime, so that its scheduling affects both alike.
     if runs < 1:
         raise ConfigError(f"runs must be at least 1, got {runs}")
-    m0 = measure(graph.graphdef, batch_size, steps=steps, seed=seed, devices=2,
+    original, original_data = graph, graph.graphdef
+    if plan.pin_schedule:
+        # The same discipline for both: a pinned plan's original runs in its simulated
+        # order too, or the saving compares one fixed order with whichever the executor
+        # took. The numerics under default Grappler still compare with the step as given.
+        original = rewrite(graph, replace(empty_plan(graph), pin_schedule=True)).graph
+        original_data = to_graphdef(original, mode="emulate")
+    m0 = measure(original_data, batch_size, steps=steps, seed=seed, devices=2,
                  inter_op_threads=EMULATION_THREADS)
     exported = to_graphdef(rw.graph, mode="emulate")
     dev = "CPU:0"
@@ -340,7 +348,7 @@ def validate_plan(
     peaks = [int(m.peak_bytes.get(dev, 0) + m.persistent_bytes.get(dev, 0)) for m in rewritten]
     m1 = rewritten[peaks.index(max(peaks))]
     library = m0.kernel_library or cpu_kernel_library()  # the CPU kernels that ran
-    sim0 = simulate(graph, batch_size, workspace=library)
+    sim0 = simulate(original, batch_size, workspace=library)
     sim1 = simulate(rw.graph, batch_size, workspace=library)
     measured = {
         "original": int(m0.peak_bytes.get(dev, 0) + m0.persistent_bytes.get(dev, 0)),
