@@ -35,6 +35,13 @@ What TensorFlow records on the CPU (TF 2.21, observed)
   when the old value is still read elsewhere) have no deallocation record (``free_us`` is
   ``None``); the variables' own buffers, allocated when they were initialised, never
   appear.
+* Copy-on-write: a kernel that writes a variable (``AssignSubVariableOp``,
+  ``ResourceApplyAdam``...) while an earlier ``ReadVariableOp`` of it is still referenced
+  copies the variable into a new buffer, recorded under the update node. The variable's
+  old buffer, allocated before the step, is released once the last reader of the old
+  value has run, and nothing records that. :func:`measure` adds the release as a record
+  of negative ``bytes`` (see :class:`Allocation`), so that the variable is not counted
+  twice from then on.
 * Ops inside functional control flow (``While``, ``If``, ``PartitionedCall``) are lowered
   or inlined by the runtime, recorded under runtime names prefixed by the call node's
   name (once per loop iteration), and reported under that call node's name.
@@ -141,6 +148,15 @@ _ASSIGNS = {
     "AssignAddVariableOp",
     "AssignSubVariableOp",
 }
+#: Ops that write a resource variable in place, or into a copy of it when an earlier read
+#: of the variable is still referenced (copy-on-write), besides the ``_ASSIGNS``.
+_UPDATE_PREFIXES = ("ResourceApply", "ResourceSparseApply", "ResourceScatter")
+#: Ops whose output is their input's buffer. Nothing else can alias a variable's read:
+#: the variable holds a second reference to it, so no kernel can forward it.
+_VIEWS = frozenset({
+    "Identity", "IdentityN", "StopGradient", "PreventGradient", "Reshape", "Squeeze",
+    "ExpandDims", "EnsureShape", "Bitcast", "CheckNumerics", "Snapshot",
+})
 #: Ops that only make sense on non-negative values (optimizer second moments...).
 _NEEDS_NON_NEGATIVE = {"Sqrt", "Rsqrt", "Log", "Log1p", "Reciprocal", "Inv", "Pow"}
 #: Element-wise, reduction and shape ops through which a variable's value is followed to
@@ -189,7 +205,13 @@ class Allocation:
         Allocator name from the records (``"cpu"``, or ``"mklcpu"`` with oneDNN), or
         ``"feed"`` for a fed input.
     bytes : int
-        Size of the buffer.
+        Size of the buffer. Negative for a *release*: the buffer a variable had before the
+        step, which TensorFlow frees without a record once a copy-on-write update has
+        replaced it and the old value's last reader has run. ``node`` is then the update
+        that made the copy, ``alloc_us`` the time of the release and ``free_us`` ``None``,
+        so that summing ``bytes`` from ``alloc_us`` on (and subtracting them at
+        ``free_us``) gives the live memory of the step, as :attr:`Measurement.peak_bytes`
+        does.
     alloc_us : int
         Allocation time in microseconds, relative to the start of the measured step.
     free_us : int or None
@@ -213,13 +235,16 @@ class Measurement:
     ----------
     peak_bytes : Mapping[str, int]
         Per device, the peak over the measured step of the sum of live transient
-        allocations (fed inputs included). Allocations and deallocations recorded at the
-        same microsecond are applied allocations first, which can only overestimate.
+        allocations (fed inputs included), less the variable buffers released by then
+        (the negative records of ``allocations``). Allocations and deallocations recorded
+        at the same microsecond are applied allocations first, which can only
+        overestimate.
     persistent_bytes : Mapping[str, int]
         Per device, the bytes resident before the step starts: the variables plus the
         persistent kernel memory reported by the step (the outputs of ``Const`` nodes).
     allocations : tuple[Allocation, ...]
-        Every allocation of the measured step, ordered by time.
+        Every allocation of the measured step, and the release of each variable buffer
+        replaced by a copy-on-write update (negative ``bytes``), ordered by time.
     losses : tuple[float, ...]
         The loss (the float scalar output of the graph) after each step run.
     variables : Mapping[str, numpy.ndarray]
@@ -844,6 +869,92 @@ def _tf_error_line(exc: Exception) -> str:
     return reason
 
 
+@dataclass(frozen=True)
+class _Writes:
+    """Which top-level nodes write and read each variable, to find copy-on-write releases.
+
+    Attributes
+    ----------
+    sizes : Mapping[str, int]
+        Bytes of each variable, keyed by its resource placeholder.
+    updates : Mapping[str, tuple[str, ...]]
+        Each node writing variables (:func:`_is_update`), with the variables it takes, in
+        input order (an optimizer apply takes its slots too).
+    reads : Mapping[str, tuple[str, ...]]
+        The ``ReadVariableOp`` nodes of each variable.
+    holders : Mapping[str, tuple[str, ...]]
+        For each read: the nodes that hold its buffer (the read, the views of it, and
+        the consumers of either), whose last one to finish drops the last reference.
+    assigns : frozenset[str]
+        The update nodes that are ``AssignVariableOp``.
+    """
+
+    sizes: Mapping[str, int]
+    updates: Mapping[str, tuple[str, ...]]
+    reads: Mapping[str, tuple[str, ...]]
+    holders: Mapping[str, tuple[str, ...]]
+    assigns: frozenset[str]
+
+
+def _is_update(op: str) -> bool:
+    """Whether ``op`` writes a resource variable (an assignment or an optimizer apply)."""
+    return op in _ASSIGNS or op.startswith(_UPDATE_PREFIXES)
+
+
+def _variable_writes(gdef: graph_pb2.GraphDef, variables: Iterable[_Var]) -> _Writes:
+    """Collect the top-level writers, reads and read holders of each variable.
+
+    Function bodies are not entered: a read inside one, or a copy made inside one, is
+    reported under the call node, whose records are left as they are.
+    """
+    top = _Scope(gdef.node)
+    sizes = {v.name: v.nbytes for v in variables}
+
+    def variable(ref: str) -> str | None:
+        # Resource handles may reach the op through Identity nodes.
+        name = ref.split(":")[0]
+        seen = set()
+        while name in top.nodes and top.nodes[name].op == "Identity" and name not in seen:
+            seen.add(name)
+            name = top.nodes[name].input[0].split(":")[0]
+        return name if name in sizes else None
+
+    updates: dict[str, tuple[str, ...]] = {}
+    assigns: set[str] = set()
+    reads: dict[str, list[str]] = defaultdict(list)
+    holders: dict[str, tuple[str, ...]] = {}
+    for node in gdef.node:
+        if node.op == "ReadVariableOp" and node.input:
+            var = variable(node.input[0])
+            if var is None:
+                continue
+            reads[var].append(node.name)
+            held = {node.name: None}  # ordered set
+            frontier = [node.name]
+            while frontier:
+                producer = frontier.pop()
+                for consumer, _index in top.consumers.get(producer, ()):
+                    if consumer.name in held:
+                        continue
+                    held[consumer.name] = None
+                    if consumer.op in _VIEWS:
+                        frontier.append(consumer.name)
+            holders[node.name] = tuple(held)
+        elif _is_update(node.op):
+            written = [v for i in node.input if not i.startswith("^") and (v := variable(i))]
+            if written:
+                updates[node.name] = tuple(written)
+                if node.op == "AssignVariableOp":
+                    assigns.add(node.name)
+    return _Writes(
+        sizes=sizes,
+        updates=updates,
+        reads={k: tuple(v) for k, v in reads.items()},
+        holders=holders,
+        assigns=frozenset(assigns),
+    )
+
+
 class _NameMap:
     """Map runtime node names back to the names of the original graph."""
 
@@ -878,8 +989,13 @@ def _timeline(
     step_stats: step_stats_pb2.StepStats,
     names: _NameMap,
     feeds: Mapping[str, str],
+    writes: _Writes | None = None,
 ) -> tuple[list[Allocation], dict[str, int], dict[str, int]]:
-    """Turn traced step stats into allocations, peaks and persistent kernel memory."""
+    """Turn traced step stats into allocations, peaks and persistent kernel memory.
+
+    With ``writes``, the unrecorded releases of variable buffers replaced by copy-on-write
+    updates are added as negative records (:func:`_copy_releases`).
+    """
     starts = [
         ns.all_start_micros
         for ds in step_stats.dev_stats
@@ -917,6 +1033,8 @@ def _timeline(
                         )
             for mem in ns.memory:
                 allocations.extend(_pair_records(mem, node, device, start))
+    if writes is not None:
+        allocations.extend(_copy_releases(step_stats, names, writes, allocations, start))
     # Stable: records at the same microsecond keep the order of the step stats.
     allocations.sort(key=lambda a: a.alloc_us)
     peaks = _peaks(allocations)
@@ -955,11 +1073,111 @@ def _pair_records(
     ]
 
 
+def _copy_releases(
+    step_stats: step_stats_pb2.StepStats,
+    names: _NameMap,
+    writes: _Writes,
+    allocations: Iterable[Allocation],
+    start: int,
+) -> list[Allocation]:
+    """The releases of variable buffers replaced by copy-on-write updates, unrecorded.
+
+    An update that finds an earlier read of its variable still referenced writes into a
+    copy of the variable, allocated under the update node and outliving its kernel. The
+    old buffer goes when the last reference to the old value drops: at the latest end of
+    a kernel holding a read of the variable made after its previous update and before
+    this one (the reads, their views, and the views' consumers). When that buffer is the
+    one the variable had before the step (counted in the persistent memory), TensorFlow
+    records nothing, so the release is returned as an :class:`Allocation` of negative
+    bytes at that time, under the update node.
+
+    Only a variable's first copy in the step is released: a later copy replaces a buffer
+    allocated during the step, whose deallocation is recorded. A var-sized record is only
+    taken for a copy if a read of the variable is held until the copy is allocated (a
+    record the reads do not explain, e.g. a read held inside a function body, is left as
+    it is), and a variable is left alone once an ``AssignVariableOp`` has run on it (it
+    may adopt its value's buffer, leaving the old one to an unknown release). Either way
+    the double count stays, which can only overestimate.
+
+    Parameters
+    ----------
+    step_stats : StepStats
+        The traced step.
+    names : _NameMap
+        Runtime to original node names.
+    writes : _Writes
+        The variables' writers, reads and read holders.
+    allocations : Iterable[Allocation]
+        The paired records of the step.
+    start : int
+        Start of the step, in microseconds since the epoch.
+
+    Returns
+    -------
+    list[Allocation]
+        One negative record per released variable buffer.
+    """
+    begin: dict[str, int] = {}  # earliest kernel start of each node, ns (orders kernels)
+    end: dict[str, int] = {}  # latest kernel end of each node, us from the step start
+    for ds in step_stats.dev_stats:
+        for ns in ds.node_stats:
+            node = names(ns.node_name)
+            started = ns.all_start_nanos or ns.all_start_micros * 1000
+            finished = ns.all_start_micros + ns.all_end_rel_micros - start
+            begin[node] = min(begin.get(node, started), started)
+            end[node] = max(end.get(node, finished), finished)
+    # Candidate copies: records of update kernels that outlive the kernel.
+    made: dict[str, list[Allocation]] = defaultdict(list)
+    for a in allocations:
+        if a.bytes > 0 and a.node in writes.updates and a.node in end and (
+            a.free_us is None or a.free_us > end[a.node]
+        ):
+            made[a.node].append(a)
+    writers: dict[str, list[str]] = defaultdict(list)
+    for node, variables in writes.updates.items():
+        if node in begin:
+            for var in dict.fromkeys(variables):
+                writers[var].append(node)
+    releases = []
+    taken: set[int] = set()
+    for var, nodes in writers.items():
+        size = writes.sizes[var]
+        previous = -1
+        for node in sorted(nodes, key=begin.__getitem__):
+            update = begin[node]
+            copy = next(
+                (a for a in made[node] if id(a) not in taken and a.bytes == size), None
+            )
+            # The old value is held until the last holder of a read since the previous
+            # update ends; reads after this update already see the copy.
+            held = [
+                end[h]
+                for r in writes.reads.get(var, ())
+                if r in begin and previous < begin[r] < update
+                for h in writes.holders[r]
+                if h in end
+            ]
+            until = max(held, default=-1)
+            if copy is not None and until >= copy.alloc_us:
+                taken.add(id(copy))
+                releases.append(
+                    Allocation(copy.node, copy.device, copy.allocator, -size, until, None)
+                )
+            if copy is not None or node in writes.assigns:
+                break  # the variable's buffer may have changed: later copies are unknown
+            previous = update
+    return releases
+
+
 def _peaks(allocations: Iterable[Allocation]) -> dict[str, int]:
-    """Peak of the live bytes per device, allocations first within one microsecond."""
+    """Peak of the live bytes per device, allocations first within one microsecond.
+
+    A release (negative ``bytes``) is a deallocation: it is applied after the allocations
+    of its microsecond.
+    """
     events: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
     for a in allocations:
-        events[a.device].append((a.alloc_us, 0, a.bytes))
+        events[a.device].append((a.alloc_us, 0 if a.bytes > 0 else 1, a.bytes))
         if a.free_us is not None:
             events[a.device].append((a.free_us, 1, -a.bytes))
     peaks = {}
@@ -1225,7 +1443,10 @@ def measure(
     names = _NameMap(original_names, var_nodes)
     feeds = {f"_arg_{i.name}_0_{k}": i.name for k, i in enumerate(inputs)}
     feeds = _feed_nodes(run_metadata.step_stats, {i.name for i in inputs}) or feeds
-    allocations, peaks, kernel_persistent = _timeline(run_metadata.step_stats, names, feeds)
+    writes = _variable_writes(gdef, variables)
+    allocations, peaks, kernel_persistent = _timeline(
+        run_metadata.step_stats, names, feeds, writes
+    )
 
     device_names = [f"CPU:{d}" for d in range(devices)]
     persistent = {d: 0 for d in device_names}

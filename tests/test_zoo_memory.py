@@ -22,20 +22,9 @@ pytestmark = pytest.mark.tf
 TOLERANCE = 0.05
 
 #: Models that cannot be brought within 5% yet: measured ratio and the exact cause.
-_COPY_ON_WRITE = (
-    "AdamW's decoupled weight decay (AssignSubVariableOp) runs while the forward pass's "
-    "reads of the variable are still referenced, so TensorFlow copies the variable; the "
-    "records show the copy allocated and never freed, but not the release of the old "
-    "buffer (allocated before the step) once its last reader has run, so the measured "
-    "peak counts those variables twice; the simulator releases the old storage"
-)
-KNOWN_GAPS = {
-    "gpt_decoder": "simulated/measured 0.947 to 0.972 (varies run to run): " + _COPY_ON_WRITE
-                   + ": at the measured peak (oneDNN off) 521,632 bytes of copies whose old "
-                   "buffers were released (the embedding's and the output kernel's, 256,000 "
-                   "each, and 16 small ones); without them the ratio is 1.000. A fix "
-                   "belongs in lmscore.measure, not in the simulator",
-}
+#: (gpt_decoder's and transformer_encoder's copy-on-write variables, counted twice by the
+#: records until lmscore.measure added the release of the old buffers, are now within 0.1%.)
+KNOWN_GAPS: dict[str, str] = {}
 
 #: Each traces and runs in seconds on 2 cores (all of them: about a minute).
 SMALL = [name for name in zoo.SMALL if name not in ("efficientnet_b0", "mobilenet_v3_small")]
@@ -54,8 +43,8 @@ def _check(name: str) -> None:
 
 
 #: Gaps whose size depends on the executor's order of independent ops in the measured
-#: run (which copies happen before which reads end): they may pass on some runs.
-VARIABLE_GAPS = frozenset({"gpt_decoder"})
+#: run: they may pass on some runs, so their xfail is not strict.
+VARIABLE_GAPS: frozenset[str] = frozenset()
 
 
 def _param(name: str):
