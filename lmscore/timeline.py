@@ -168,8 +168,9 @@ def compare(graph: Graph, sim: Simulation, measurement: Any, device: str = "CPU:
     owner = _owners(sim.buffers)
     held = []
     for a in sorted(records, key=lambda a: -a.bytes):
-        if not (a.alloc_us <= peak_us and (a.free_us is None or a.free_us > peak_us)):
-            continue
+        if a.bytes <= 0 or not (a.alloc_us <= peak_us and (a.free_us is None
+                                                         or a.free_us > peak_us)):
+            continue  # (a negative record: a copied variable's old storage released)
         b = owner.get(a.node)
         if b is None:
             state = "unknown"
