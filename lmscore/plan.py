@@ -685,11 +685,12 @@ def find_trigger(
     tensor's producer, on the accelerator (a forward or backward op), and must reach the
     first consumer, so the control edge cannot make a cycle. An op whose control output
     changes nothing Grappler does (:func:`control_safe`) is preferred anywhere in the
-    window; without one, with ``exact`` the swap-in is synchronous, without it the
-    nearest op at all is taken (a control edge into an op Grappler would fuse changes the
-    last bits of the results, a synchronous swap-in comes back right after its swap-out and
-    saves nothing). Levels are searched from ``first - ahead`` outwards (nearer first)
-    within ``window`` levels.
+    window; without one, the swap-in is synchronous. Without ``exact`` (tuned plans, which
+    promise a peak rather than Grappler's choices) the op nearest ``first - ahead`` is
+    taken, a control-safe one among those of one level: a control edge into an op Grappler
+    would fuse changes the last bits of the results, while a trigger far from its level
+    brings the tensor back too early or too late. Levels are searched from
+    ``first - ahead`` outwards (nearer first) within ``window`` levels.
     """
     ordering = order(graph)
     lv = ordering.levels
@@ -717,10 +718,10 @@ def find_trigger(
     order_of_levels = sorted(
         range(lowest, lv[first]), key=lambda level: (abs(level - target), level < target)
     )
-    for by_level in (safe, other) if not exact else (safe,):
-        for level in order_of_levels:
-            if level in by_level:
-                return graph.ops[min(by_level[level])].name
+    for level in order_of_levels:
+        at = safe.get(level) or (None if exact else other.get(level))
+        if at:
+            return graph.ops[min(at)].name
     return None
 
 
