@@ -89,6 +89,7 @@ from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 from tensorflow.python.framework import op_def_registry
 
 from lmscore.errors import ConfigError, GraphError, RunError
+from lmscore.timeline import live_curve
 
 __all__ = ["CPU_ALLOCATORS", "Allocation", "Measurement", "measure", "synthetic_inputs"]
 
@@ -1170,25 +1171,11 @@ def _copy_releases(
 
 
 def _peaks(allocations: Iterable[Allocation]) -> dict[str, int]:
-    """Peak of the live bytes per device, allocations first within one microsecond.
-
-    A release (negative ``bytes``) is a deallocation: it is applied after the allocations
-    of its microsecond.
-    """
-    events: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    """Peak of the live bytes per device (:func:`lmscore.timeline.live_curve`)."""
+    by_device: dict[str, list[Allocation]] = defaultdict(list)
     for a in allocations:
-        events[a.device].append((a.alloc_us, 0 if a.bytes > 0 else 1, a.bytes))
-        if a.free_us is not None:
-            events[a.device].append((a.free_us, 1, -a.bytes))
-    peaks = {}
-    for device, evs in events.items():
-        evs.sort()
-        live = peak = 0
-        for _t, _order, delta in evs:
-            live += delta
-            peak = max(peak, live)
-        peaks[device] = peak
-    return peaks
+        by_device[a.device].append(a)
+    return {device: live_curve(records)[2] for device, records in by_device.items()}
 
 
 #: Op types that reach outside the graph: files, checkpoints, summaries, readers and

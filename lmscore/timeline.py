@@ -28,7 +28,7 @@ from .ir import Graph
 from .memory import Buffer, Simulation
 from .order import order
 
-__all__ = ["Held", "SwapRun", "Timeline", "compare"]
+__all__ = ["Held", "SwapRun", "Timeline", "compare", "live_curve"]
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def compare(graph: Graph, sim: Simulation, measurement: Any, device: str = "CPU:
     (((10, 1024), (20, 2048), (30, 1024)), 'b', [('a', 'alive'), ('b', 'alive')])
     """
     records = [a for a in measurement.allocations if a.device == device]
-    measured, peak_us, peak_bytes = _curve(records)
+    measured, peak_us, peak_bytes = live_curve(records)
     first: dict[str, int] = {}
     for a in records:
         if a.alloc_us < first.get(a.node, 1 << 62):
@@ -199,18 +199,28 @@ def compare(graph: Graph, sim: Simulation, measurement: Any, device: str = "CPU:
     )
 
 
-def _curve(records: Sequence[Any]) -> tuple[list[tuple[int, int]], int, int]:
-    """Live bytes after each time with an event; the peak and its time."""
-    events: dict[int, int] = {}
+def live_curve(records: Sequence[Any]) -> tuple[list[tuple[int, int]], int, int]:
+    """Live bytes after each event of allocation ``records``; the peak and its time.
+
+    Within one microsecond allocations come first, then releases (a negative ``bytes`` is
+    one) and frees, which can only overestimate the peak. This is the one definition of a
+    measured peak: :mod:`lmscore.measure` uses it per device.
+
+    >>> from types import SimpleNamespace as NS
+    >>> live_curve([NS(bytes=4, alloc_us=0, free_us=5), NS(bytes=2, alloc_us=5, free_us=None)])
+    ([(0, 4), (5, 6), (5, 2)], 5, 6)
+    """
+    events = []
     for a in records:
-        events[a.alloc_us] = events.get(a.alloc_us, 0) + a.bytes
+        events.append((a.alloc_us, 0 if a.bytes > 0 else 1, a.bytes))
         if a.free_us is not None:
-            events[a.free_us] = events.get(a.free_us, 0) - a.bytes
+            events.append((a.free_us, 1, -a.bytes))
+    events.sort()
     live = peak = 0
     peak_us = 0
     curve = []
-    for t in sorted(events):
-        live += events[t]
+    for t, _order, delta in events:
+        live += delta
         curve.append((t, live))
         if live > peak:
             peak, peak_us = live, t
