@@ -58,7 +58,8 @@ def test_tuned_plan_fits_where_it_runs(name: str, batch: int, fraction: float) -
         return
     _FITTED.append(f"{name}:{fraction}")
     assert result.predicted_peak_bytes <= device
-    v = validate_plan(g, result.plan, batch, runs=3)
+    # numerics under default Grappler are tests/test_zoo_numerics.py's; not run twice here
+    v = validate_plan(g, result.plan, batch, runs=3, grappler=False)
     measured = v.measured_device_peak_bytes["rewritten"]
     assert v.finite
     assert measured <= device, (
