@@ -618,6 +618,14 @@ def _int_values(
         out = ((), (len(in_shape(0)),))
     elif t in ("Cast", "Identity", "StopGradient") and v(0) is not None:
         out = v(0)
+    elif t == "InvertPermutation" and v(0) is not None and len(v(0)[0]) == 1 and sorted(
+        v(0)[1]
+    ) == list(range(len(v(0)[1]))):
+        # Tensordot's gradient transposes by the inverse of its forward permutation.
+        inverse = [0] * len(v(0)[1])
+        for k, p in enumerate(v(0)[1]):
+            inverse[p] = k
+        out = (v(0)[0], tuple(inverse))
     elif t == "Pack" and ins and all(v(k) is not None and v(k)[0] == () for k in range(len(ins))):
         out = ((len(ins),), tuple(v(k)[1][0] for k in range(len(ins))))
     elif t == "ConcatV2" and len(ins) >= 2 and all(v(k) is not None for k in range(len(ins))):
