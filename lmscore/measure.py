@@ -74,6 +74,7 @@ devices there are two executors and the pool is always used: the peak varies too
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 from collections import defaultdict, deque
@@ -89,6 +90,7 @@ from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 from tensorflow.python.framework import op_def_registry
 
 from lmscore.errors import ConfigError, GraphError, RunError
+from lmscore.order import OUTPUT_OPS
 from lmscore.timeline import live_curve
 
 __all__ = ["CPU_ALLOCATORS", "Allocation", "Measurement", "measure", "synthetic_inputs"]
@@ -255,6 +257,12 @@ class Measurement:
         Whether every loss and every floating-point variable value is finite.
     step_seconds : tuple of float
         Wall time of each untraced step, in order (the first one includes warm-up).
+    allocator_peak_bytes : int or None
+        When the process runs with TensorFlow's BFC allocator on the CPU
+        (``TF_CPU_ALLOCATOR_USE_BFC=1``, set before TensorFlow starts): the allocator's
+        own peak over the traced step, persistent memory included, in its 256-byte
+        chunks, fragmentation included; every CPU device shares that one allocator.
+        ``None`` otherwise.
     """
 
     peak_bytes: Mapping[str, int]
@@ -264,6 +272,7 @@ class Measurement:
     variables: Mapping[str, np.ndarray]
     finite: bool
     step_seconds: tuple[float, ...] = ()
+    allocator_peak_bytes: int | None = None
 
     @property
     def kernel_library(self) -> str:
@@ -1391,13 +1400,20 @@ def measure(
         raise GraphError(f"graph_def: cannot import: {_tf_error_line(exc)}") from None
 
     loss = graph.get_tensor_by_name(plan.loss)
-    targets = [graph.get_operation_by_name(name) for name in sinks]
+    # What a tf.function runs: its outputs and every stateful op with what leads to them
+    # (the function runtime prunes the rest, e.g. the shape of a dead gradient branch).
+    # Running all sinks would keep stateless dead ops that hold buffers no user's step
+    # holds.
+    targets = [op for op in (graph.get_operation_by_name(name) for name in sinks)
+               if op.type in OUTPUT_OPS or (op.op_def is not None and op.op_def.is_stateful)]
     feed_dict = {
         graph.get_tensor_by_name(name + ":0"): value for name, value in feed_values.items()
     }
 
     losses: list[float] = []
     step_seconds: list[float] = []
+    bfc = os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in ("1", "true")
+    allocator_peak: int | None = None
     run_metadata = config_pb2.RunMetadata()
     config = _session_config(devices, inter_op_threads, intra_op_threads, grappler)
     try:
@@ -1405,6 +1421,8 @@ def measure(
             session.run(init_ops, feed_dict=init_feeds)
             for step in range(steps):
                 if step == traced:
+                    if bfc:
+                        tf.config.experimental.reset_memory_stats("CPU:0")
                     options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE)
                     value, _ = session.run(
                         [loss, targets],
@@ -1412,6 +1430,8 @@ def measure(
                         options=options,
                         run_metadata=run_metadata,
                     )
+                    if bfc:
+                        allocator_peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
                 else:
                     started = time.perf_counter()
                     value, _ = session.run([loss, targets], feed_dict=feed_dict)
@@ -1457,6 +1477,7 @@ def measure(
         variables=MappingProxyType({k: np.asarray(v) for k, v in final.items()}),
         finite=finite,
         step_seconds=tuple(step_seconds),
+        allocator_peak_bytes=allocator_peak,
     )
 
 

@@ -514,10 +514,15 @@ def _buffers(
     # that "has every other reader run?" costs O(1) however long a chain of views grows.
     latest: list[list[tuple[int, int]]] = []
 
+    # TensorFlow prunes the ops that lead to no variable write and not to the loss
+    # (the shape of a dead gradient branch, a gradient nobody applies): they never run,
+    # so they neither allocate nor keep a buffer alive.
+    needed = ordering.needed
+
     def note_readers(b: int, tensor: tuple[int, int]) -> None:
         top = latest[b]
         for c in consumers.get(tensor, ()):
-            if any(op == c for _, op in top):
+            if not needed[c] or any(op == c for _, op in top):
                 continue
             top.append((pos[c], c))
             top.sort(reverse=True)
@@ -535,10 +540,14 @@ def _buffers(
     for i in ordering.schedule:
         op = ops[i]
         ins = adj.data_in[i]
-        for t in ins:
-            readers[owner[t]].append(i)
+        if needed[i]:
+            for t in ins:
+                readers[owner[t]].append(i)
         for port, spec in enumerate(op.outputs):
             t = (i, port)
+            if not needed[i] and op.type not in FEED_OPS and op.type not in VARIABLE_OPS:
+                owner[t] = new_buffer(t, "pruned")
+                continue
             src = _view_of(graph, sizes, i, port)
             if src is not None:
                 owner[t] = owner[src]
@@ -655,6 +664,7 @@ def _update_copies(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffe
     """
     ops = graph.ops
     adj = graph.adjacency
+    needed = ordering.needed
     pos = [0] * len(ops)
     for k, i in enumerate(ordering.schedule):
         pos[i] = k
@@ -674,11 +684,14 @@ def _update_copies(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffe
                 continue
             root[(i, port)] = r
             for c in adj.consumers.get((i, port), ()):
-                last[r] = max(last.get(r, pos[r]), pos[c])
+                if needed[c]:
+                    last[r] = max(last.get(r, pos[r]), pos[c])
     reads: dict[tuple[int, int], list[int]] = {}
     updates: dict[tuple[int, int], list[int]] = {}
     for i, op in enumerate(ops):
         if not adj.data_in[i]:
+            continue
+        if not needed[i]:
             continue
         if op.type == "ReadVariableOp":
             reads.setdefault(adj.data_in[i][0], []).append(i)
@@ -774,7 +787,7 @@ def _loop_effects(
     credit: dict[int, int] = {}
     adj = graph.adjacency
     for i, op in enumerate(graph.ops):
-        if op.type not in _WHILE_OPS or i not in pos:
+        if op.type not in _WHILE_OPS or i not in pos or not ordering.needed[i]:
             continue
         ins = adj.data_in[i]
         body = loop_body(graph, i, tuple(sizes.shapes[p][q] for p, q in ins))
@@ -850,8 +863,9 @@ def _cpu_scratch(graph: Graph, ordering: Ordering, sizes: Sizes, library: str) -
     adj = graph.adjacency
     pos = {i: k for k, i in enumerate(ordering.schedule)}
     threads = _cpu_threads()
+    needed = ordering.needed
     for i, op in enumerate(graph.ops):
-        if not op.outputs or not adj.data_in[i]:
+        if not op.outputs or not adj.data_in[i] or not needed[i]:
             continue
         shape_of = [sizes.shapes[p][port] for p, port in adj.data_in[i]]
         dtype = op.outputs[0].dtype
@@ -869,7 +883,8 @@ def _cpu_scratch(graph: Graph, ordering: Ordering, sizes: Sizes, library: str) -
         elif op.type == "MaxPool" and library == "onednn" and dtype in _ONEDNN_DTYPES:
             # oneDNN's max pooling also outputs a workspace (one byte per pooled value)
             # that its MaxPoolGrad reads: it lives from the forward op to that gradient.
-            grads = [c for c in adj.consumers.get((i, 0), ()) if graph.ops[c].type == "MaxPoolGrad"]
+            grads = [c for c in adj.consumers.get((i, 0), ()) if graph.ops[c].type == "MaxPoolGrad"
+                     and needed[c]]
             pooled = sizes.shapes[i][0]
             if grads and pooled is not None and -1 not in pooled:
                 end = max(grads, key=lambda c: pos[c])
@@ -902,6 +917,10 @@ def _cpu_scratch(graph: Graph, ordering: Ordering, sizes: Sizes, library: str) -
 _FORWARD_INTO = {
     "SparseSoftmaxCrossEntropyWithLogits": (1, (0,)),
     "SoftmaxCrossEntropyWithLogits": (1, (0,)),
+    # ``forward_input_or_allocate_output({"t", "e"}, ...)``: a dropout mask's gradient
+    # writes into the incoming gradient.
+    "Select": (0, (1, 2)),
+    "SelectV2": (0, (1, 2)),
 }
 
 

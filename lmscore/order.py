@@ -36,6 +36,9 @@ SHAPE_ONLY_OPS = frozenset({
     "Shape", "ShapeN", "Size", "Rank", "OnesLike", "ZerosLike", "BroadcastGradientArgs",
     "VariableShape", "TensorListLength", "TensorListElementShape",
 })
+#: Ops that stand for a step's results when nothing reads them (``tf.function`` returns
+#: each result through an ``Identity``).
+OUTPUT_OPS = frozenset({"Identity", "IdentityN", "_Retval"})
 #: Ops that read a resource without writing it.
 RESOURCE_READS = frozenset({
     "ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape",
@@ -86,16 +89,22 @@ class Ordering:
 
     @functools.cached_property
     def needed(self) -> tuple[bool, ...]:
-        """Whether each op leads to the step's effects: a variable write or the loss.
+        """Whether each op leads to a variable write, the loss or an output.
 
-        TensorFlow prunes what leads to neither (a gradient nobody applies, the shape of a
-        dead branch) before it runs a step, so an edge into such an op orders nothing.
+        A ``tf.function`` runs its outputs and its stateful ops and prunes the rest (a
+        gradient nobody applies, the shape of a dead branch) before it runs a step: such
+        ops never run, so they allocate nothing, and an edge into one orders nothing. The
+        outputs are the ``Identity`` ops nothing reads (:data:`OUTPUT_OPS`), as
+        ``tf.function`` names its results.
         """
         adj = self.graph.adjacency
         cats = self.categories
         stack = [i for i, c in enumerate(cats) if c == UPDATE]
         if self.loss is not None:
             stack.append(self.graph.index[self.loss])
+        if stack:
+            stack += [i for i, op in enumerate(self.graph.ops)
+                      if op.type in OUTPUT_OPS and not adj.succs[i]]
         if not stack:  # not a training step: nothing tells what is pruned
             return (True,) * len(cats)
         seen = [False] * len(cats)

@@ -7,7 +7,7 @@ from graphs import TINY_CATEGORIES, TINY_CURVE_B2, TINY_LEVELS, t, tiny_step
 
 import lmscore
 from lmscore.errors import ConfigError, GraphError
-from lmscore.ir import Graph, Op, lint
+from lmscore.ir import Graph, Op, TensorSpec, lint
 from lmscore.memory import hotspots, live_at, simulate
 from lmscore.order import order
 from lmscore.shapes import resolve
@@ -48,6 +48,67 @@ def test_tiny_step_curve_exact():
     assert sim.unknown_size_tensors == ()
     live = {b.tensor: (b.bytes, b.start, b.end) for b in live_at(sim, 7)}
     assert live == {"g_w:0": (32, 7, 9), "g_tile:0": (16, 5, 7), "loss:0": (4, 4, 10)}
+
+
+def test_select_writes_into_its_then_or_else_input():
+    # The gradient of a dropout's where(mask, x, 0): two selects read the incoming
+    # gradient g (4x4 float32, 64 B); the later one writes into g's buffer, as
+    # TensorFlow's Select kernels forward their "t"/"e" inputs.
+    f = (TensorSpec("float", (4, 4)),)
+    m = (TensorSpec("bool", (4, 4)),)
+    s = (TensorSpec("float", ()),)
+    g = Graph((
+        Op("x", "Placeholder", outputs=f), Op("mask", "Placeholder", outputs=m),
+        Op("zero", "Const", outputs=s),
+        Op("g", "Exp", inputs=("x:0",), outputs=f),
+        Op("dx", "SelectV2", inputs=("mask:0", "g:0", "zero:0"), outputs=f),
+        Op("dz", "SelectV2", inputs=("mask:0", "zero:0", "g:0"), outputs=f),
+        Op("a", "AddN", inputs=("dx:0", "dz:0"), outputs=f),
+    ))
+    sim = simulate(g, 1)
+    owners = {b.tensor: b.views for b in sim.buffers}
+    assert sum("dx:0" in v or "dz:0" in v for v in owners.values()) == 1
+    # g then one select's output, then the sum written into one of them: 2 x 64 B
+    assert sim.transient_peak_bytes == 2 * 64
+
+
+def test_transpose_by_an_inverted_identity_permutation_is_a_view():
+    # Tensordot's gradient transposes by InvertPermutation(its forward permutation); for
+    # a dense layer on the last axis that is the identity, and TensorFlow's Transpose
+    # hands the input through: no second 256 B buffer.
+    f = (TensorSpec("float", (4, 4, 4)),)
+    g = Graph((
+        Op("x", "Placeholder", outputs=f),
+        Op("perm", "Const", outputs=(TensorSpec("int32", (3,)),), attrs={"value": (0, 1, 2)}),
+        Op("inv", "InvertPermutation", inputs=("perm:0",), outputs=(TensorSpec("int32", (3,)),)),
+        Op("a", "Exp", inputs=("x:0",), outputs=f),
+        Op("t", "Transpose", inputs=("a:0", "inv:0"), outputs=f),
+        Op("b", "Mul", inputs=("t:0", "x:0"), outputs=f),
+        Op("c", "Mul", inputs=("t:0", "b:0"), outputs=f),
+    ))
+    assert resolve(g, 1).values[(g.index["inv"], 0)] == (0, 1, 2)
+    sim = simulate(g, 1)
+    # t is a's buffer (and c, its last reader, writes into it in place)
+    assert {b.tensor: b.views for b in sim.buffers}["a:0"] == ("t:0", "c:0")
+
+
+def test_ops_the_step_prunes_allocate_nothing():
+    # A dead gradient branch: its ops lead to no update, loss or output, so a
+    # tf.function never runs them. Added to the tiny step, they change no byte; an
+    # output (an Identity nothing reads) is kept.
+    base = tiny_step()
+    f = (TensorSpec("float", (-1, 2)),)
+    dead = (Op("dead", "Exp", inputs=("act:0",), outputs=f),
+            Op("dead_shape", "Shape", inputs=("dead:0",), outputs=t("int32", 2)))
+    g = Graph((*base.ops, *dead), "tiny_dead")
+    o = order(g)
+    assert not o.needed[g.index["dead"]] and not o.needed[g.index["dead_shape"]]
+    assert o.needed[g.index["out"]]
+    assert simulate(g, 2).device_curve == TINY_CURVE_B2
+    kept = Graph((*base.ops, dead[0], Op("result", "Identity", inputs=("dead:0",), outputs=f)),
+                 "tiny_out")
+    assert order(kept).needed[kept.index["dead"]]
+    assert simulate(kept, 2).device_curve != TINY_CURVE_B2
 
 
 def test_hotspots_at_peak():
