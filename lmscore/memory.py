@@ -496,9 +496,7 @@ def _buffers(
     ops = graph.ops
     adj = graph.adjacency
     level = ordering.levels
-    pos = [0] * len(ops)
-    for k, i in enumerate(ordering.schedule):
-        pos[i] = k
+    pos = ordering.position
     consumers = adj.consumers
     nbytes = sizes.nbytes
     # Buffer of each tensor: id into the parallel lists below.
@@ -665,9 +663,7 @@ def _update_copies(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffe
     ops = graph.ops
     adj = graph.adjacency
     needed = ordering.needed
-    pos = [0] * len(ops)
-    for k, i in enumerate(ordering.schedule):
-        pos[i] = k
+    pos = ordering.position
     # Root read of every tensor that is a view of a ReadVariableOp output, and the
     # schedule position of the last reader over all views of each read.
     root: dict[tuple[int, int], int] = {}
@@ -778,7 +774,7 @@ def _loop_effects(
     tuple
         The body workspace buffers, and the credit per schedule position.
     """
-    pos = {i: k for k, i in enumerate(ordering.schedule)}
+    pos = ordering.position
     owner: dict[str, Buffer] = {}
     for b in buffers:
         for t in (b.tensor, *b.views):
@@ -787,7 +783,7 @@ def _loop_effects(
     credit: dict[int, int] = {}
     adj = graph.adjacency
     for i, op in enumerate(graph.ops):
-        if op.type not in _WHILE_OPS or i not in pos or not ordering.needed[i]:
+        if op.type not in _WHILE_OPS or not ordering.needed[i]:
             continue
         ins = adj.data_in[i]
         body = loop_body(graph, i, tuple(sizes.shapes[p][q] for p, q in ins))
@@ -861,7 +857,7 @@ def _cpu_scratch(graph: Graph, ordering: Ordering, sizes: Sizes, library: str) -
     """Workspace buffers of the CPU kernels of ``library``, alive during their op."""
     out = []
     adj = graph.adjacency
-    pos = {i: k for k, i in enumerate(ordering.schedule)}
+    pos = ordering.position
     threads = _cpu_threads()
     needed = ordering.needed
     for i, op in enumerate(graph.ops):

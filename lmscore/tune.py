@@ -231,9 +231,7 @@ def _context(
 ) -> _Context:
     ordering = order(graph)
     n = len(graph.ops)
-    pos = [0] * n
-    for k, i in enumerate(ordering.schedule):
-        pos[i] = k
+    pos = ordering.position
     alloc = np.zeros(n + 1, dtype=np.int64)
     free = np.zeros(n + 1, dtype=np.int64)
     scratch = np.zeros(n + 1, dtype=np.int64)
