@@ -46,6 +46,7 @@ _FUNC_ATTRS = ("f", "body", "cond", "then_branch", "else_branch", "branches")
 _SCALAR_ATTRS = (
     "transpose_a", "transpose_b", "adj_x", "adj_y", "N", "axis", "keep_dims",
     "begin_mask", "end_mask", "shrink_axis_mask", "ellipsis_mask", "new_axis_mask",
+    "parallel_iterations",
 )
 
 

@@ -762,24 +762,32 @@ def _loop_effects(
     - each iteration's temporaries (the body's own transient peak, simulated on the body
       with its loop variables already counted outside): a weight gradient's partial
       product per step, the gates of a recurrent cell. Returned as a workspace buffer.
+    - the executor runs a lowered loop's iterations as soon as their inputs are ready, up
+      to ``parallel_iterations`` of them at once: the part of the body that does not wait
+      for the loop variables that arrive last (a gradient loop's pops of its forward
+      accumulators and what it computes from them alone, a forward loop's input
+      projections) runs ahead, from the moment its own inputs exist. The executor
+      dispatches one op at a time per thread, so the early part gets as many iterations
+      ahead as the ops dispatched meanwhile allow (:func:`_ahead_iterations`). What it
+      computes for the waiting part is held until that part runs (:func:`_run_ahead`).
+      Returned as buffers from then to the loop's position.
     - the lists a gradient loop pops (its forward loop's accumulators, when the loop is
-      their last reader) drain while the lists it fills grow, so they are never all full
-      together: the loop holds ``max(consumed, filled)``, not their sum. Returned as a
-      credit of ``min(consumed, filled)`` bytes at the loop's schedule position.
-
-    Iterations the executor runs ahead (``parallel_iterations``) are not modelled.
+      their last reader) and the run-ahead results drain while the lists it fills grow,
+      so they are never all full together (:func:`_drain_credit`). Returned as a credit
+      at the loop's schedule position.
 
     Returns
     -------
     tuple
-        The body workspace buffers, and the credit per schedule position.
+        The body workspace and run-ahead buffers, and the credit per schedule position.
     """
     pos = ordering.position
+    levels = ordering.levels
     owner: dict[str, Buffer] = {}
     for b in buffers:
         for t in (b.tensor, *b.views):
             owner[t] = b
-    scratch: list[Buffer] = []
+    extra: list[Buffer] = []
     credit: dict[int, int] = {}
     adj = graph.adjacency
     for i, op in enumerate(graph.ops):
@@ -790,6 +798,7 @@ def _loop_effects(
         if body is None:
             continue
         p = pos[i]
+        lvl = levels[i]
         consumed: dict[str, int] = {}
         filled = 0
         for k, kind in enumerate(body.kinds):
@@ -802,30 +811,143 @@ def _loop_effects(
                 b = owner.get(f"{op.name}:{k}")
                 if b is not None and b.producer == i and b.first == p:
                     filled += b.bytes
-        if consumed and filled:
-            credit[p] = credit.get(p, 0) + min(sum(consumed.values()), filled)
-        peak = _body_peak(body, sizes.batch_size, workspace, depth)
-        if peak > 0:
-            lvl = ordering.levels[i]
-            scratch.append(Buffer(
-                f"{op.name}/body", peak, lvl, lvl, i, (), scratch=True, first=p, last=p
+        arrivals = tuple(pos[s] for s, _ in ins[: len(body.kinds)])
+        cost = _body_cost(body, sizes.batch_size, workspace, depth, arrivals)
+        trips = _trip_count(body, ins, sizes)
+        limit = min(int(op.attrs.get("parallel_iterations", 10) or 1), trips) if trips else 1
+        window = _ahead_iterations(graph, ordering, sizes, cost, limit, max(arrivals, default=0))
+        ahead = cost.ahead_bytes * (window - 1)
+        if cost.ahead_bytes > 0 and cost.ahead_from < p:
+            first = cost.ahead_from + 1
+            start = levels[ordering.schedule[first]]
+            if ahead > 0:
+                extra.append(Buffer(
+                    f"{op.name}/ahead", ahead, start, lvl, i, (i,), first=first, last=p
+                ))
+            if first < p:  # the current iteration's share, until the loop itself runs
+                extra.append(Buffer(
+                    f"{op.name}/ahead-current", cost.ahead_bytes, start, levels[
+                        ordering.schedule[p - 1]], i, (), first=first, last=p - 1,
+                ))
+        c = _drain_credit(sum(consumed.values()), filled, cost.ahead_bytes, window,
+                          trips or 1)
+        if c > 0:
+            credit[p] = credit.get(p, 0) + c
+        if cost.peak > 0:
+            extra.append(Buffer(
+                f"{op.name}/body", cost.peak, lvl, lvl, i, (), scratch=True, first=p, last=p
             ))
-    return scratch, credit
+    return extra, credit
+
+
+def _ahead_iterations(
+    graph: Graph, ordering: Ordering, sizes: Sizes, cost: _BodyCost, window: int,
+    late_from: int,
+) -> int:
+    """Iterations of a loop whose early part has run when its late part starts.
+
+    The early part can start once its last input exists (schedule position
+    ``cost.ahead_from``), the late part once the loop's last input does (``late_from``).
+    In between, the executor runs the ops that lead from the one to the other (a loop
+    among them runs its body's ops once per iteration); ops off that path run alongside
+    and gain the early part nothing. The executor dispatches one op at a time per thread,
+    so the early part, ``cost.early_ops`` ops per iteration, gets one op in for each of
+    them. At most ``window`` (``parallel_iterations``, or the trip count if smaller)
+    iterations run at once.
+    """
+    if window <= 1 or cost.early_ops <= 0 or late_from <= cost.ahead_from:
+        return 1
+    adj = graph.adjacency
+    schedule = ordering.schedule
+    pos = ordering.position
+    gap = schedule[cost.ahead_from: late_from + 1]
+    after = {schedule[cost.ahead_from]}
+    for q in gap[1:]:
+        if any(p in after for p in adj.preds[q]):
+            after.add(q)
+    before = {schedule[late_from]}
+    for q in reversed(gap[:-1]):
+        if any(c in before for c in adj.succs[q]):
+            before.add(q)
+    dispatched = 0
+    for q in sorted(after & before, key=pos.__getitem__)[1:]:
+        if not ordering.needed[q]:
+            continue
+        dispatched += 1
+        if graph.ops[q].type in _WHILE_OPS:
+            ins = adj.data_in[q]
+            body = loop_body(graph, q, tuple(sizes.shapes[p][k] for p, k in ins))
+            if body is not None:
+                dispatched += len(body.graph.ops) * max(_trip_count(body, ins, sizes), 1)
+        if dispatched >= window * cost.early_ops:
+            return window
+    return min(window, 1 + dispatched // cost.early_ops)
+
+
+def _trip_count(body: LoopBody, ins: tuple[tuple[int, int], ...], sizes: Sizes) -> int:
+    """Iterations of a ``while_v2`` loop when its ``maximum_iterations`` is known, else 0.
+
+    ``while_v2`` passes ``maximum_iterations`` as loop variable 1, unchanged by the body
+    (-1 when the loop has none); a Keras RNN sets it to the number of time steps.
+    """
+    if len(ins) < 2 or len(body.kinds) < 2 or body.kinds[1] != "pass":
+        return 0
+    value = sizes.values.get(ins[1])
+    return value[0] if value is not None and len(value) == 1 and value[0] > 0 else 0
+
+
+def _drain_credit(consumed: int, filled: int, ahead: int, window: int, trips: int) -> int:
+    """Bytes a loop never holds at once of what it consumes, fills and runs ahead.
+
+    Over ``trips`` iterations the popped lists drain and the filled lists grow at an even
+    pace, and ``min(window - 1, trips - 1 - t)`` iterations' run-ahead results (``ahead``
+    bytes each) wait while iteration ``t`` runs. The loop's position counts all of
+    ``consumed + filled + (window - 1) * ahead``; what it really holds at once is the
+    largest sum over the iterations, reached at the start, at the end, or where the
+    run-ahead window starts to shrink.
+
+    Examples
+    --------
+    >>> _drain_credit(100, 40, 0, 1, 20)   # no run-ahead: max(consumed, filled) is held
+    40
+    >>> _drain_credit(0, 200, 10, 11, 20)  # 100 bytes ahead drain as 200 fill
+    100
+    """
+    total = consumed + filled + (window - 1) * ahead
+    held = 0
+    for t in {0, max(trips - window, 0), trips}:
+        share = ahead * max(0, min(window - 1, trips - 1 - t))
+        held = max(held, share + (filled * t + consumed * (trips - t)) // trips)
+    return total - held
 
 
 #: Loops nested deeper than this inside loop bodies are taken as opaque ops.
 _MAX_LOOP_DEPTH = 4
 
 
-def _body_peak(body: LoopBody, batch_size: int, workspace: str, depth: int) -> int:
-    """Transient peak of one iteration of a loop body, its loop variables excluded.
+@dataclass(frozen=True)
+class _BodyCost:
+    """What one iteration of a loop body costs (see :func:`_body_cost`)."""
 
-    The loop variables are inputs of 0 bytes (the ``While`` op's buffers hold them) that
-    the body's kernels may still overwrite in place, as TensorFlow forwards a loop
-    variable nobody else holds (a gradient accumulator's ``AddN`` writes into it).
+    peak: int = 0
+    ahead_bytes: int = 0
+    ahead_from: int = 0
+    early_ops: int = 0
+
+
+def _body_cost(
+    body: LoopBody, batch_size: int, workspace: str, depth: int, arrivals: tuple[int, ...]
+) -> _BodyCost:
+    """Transient peak of one iteration of a loop body, and what it computes ahead.
+
+    The peak excludes the loop variables: they are inputs of 0 bytes (the ``While`` op's
+    buffers hold them) that the body's kernels may still overwrite in place, as
+    TensorFlow forwards a loop variable nobody else holds (a gradient accumulator's
+    ``AddN`` writes into it). ``arrivals`` are the schedule positions at which the loop's
+    inputs are produced, for :func:`_run_ahead`.
     """
     if depth >= _MAX_LOOP_DEPTH:
-        return 0
+        return _BodyCost()
     g = body.graph
     # Shapes as if the loop variables were feeds (their batch dimension is the batch)...
     feeds = g.replace(
@@ -834,7 +956,7 @@ def _body_peak(body: LoopBody, batch_size: int, workspace: str, depth: int) -> i
     try:
         sizes = resolve(feeds, batch_size)
     except (GraphError, ValueError):
-        return 0
+        return _BodyCost()
     # ...simulated as transient buffers of 0 bytes, so that kernels may write into them.
     args = [k for k, op in enumerate(g.ops) if op.type == "_LoopArg"]
     nbytes = list(sizes.nbytes)
@@ -843,9 +965,60 @@ def _body_peak(body: LoopBody, batch_size: int, workspace: str, depth: int) -> i
     sizes = dataclasses.replace(sizes, nbytes=tuple(nbytes))
     try:
         sim = _simulate(g, batch_size, sizes, is_host_op, workspace, depth + 1)
+        buffers = _buffers(g, order(g), sizes, is_host_op)[0]
     except (GraphError, ValueError, KeyError):
-        return 0
-    return max(sim.transient_peak_bytes, 0)
+        return _BodyCost()
+    ahead, since, early = _run_ahead(body, buffers, arrivals)
+    return _BodyCost(max(sim.transient_peak_bytes, 0), ahead, since, early)
+
+
+def _run_ahead(
+    body: LoopBody, buffers: list[Buffer], arrivals: tuple[int, ...]
+) -> tuple[int, int, int]:
+    """Bytes per iteration the early part of a body computes for its waiting part.
+
+    The loop variables produced last (largest ``arrivals``) are *late*, and so is every
+    loop variable whose next value is computed from a late one. The body's ops that read
+    no late variable, directly or not, are *early*: the executor runs them for the next
+    ``parallel_iterations`` iterations before the late part of the first one can start.
+    Their buffers that a late op reads wait for it.
+
+    Returns
+    -------
+    tuple of int
+        Those bytes per iteration, the latest arrival among the loop variables the early
+        part reads (when it can start), and the number of early ops.
+    """
+    g = body.graph
+    n = len(arrivals)
+    if n == 0:
+        return 0, 0, 0
+    deps = [0] * len(g.ops)  # bit k: reads loop variable k
+    for j in order(g).topo:
+        if g.ops[j].type == "_LoopArg":
+            deps[j] = 1 << j if j < n else 0
+        for q in g.adjacency.preds[j]:
+            deps[j] |= deps[q]
+    last = max(arrivals)
+    late = sum(1 << k for k, t in enumerate(arrivals) if t == last)
+    grown = True
+    while grown:  # a variable computed from a late one is late from the next iteration on
+        grown = False
+        for k, ref in enumerate(body.returns[:n]):
+            j = g.index.get(ref.rpartition(":")[0]) if ref else None
+            if j is not None and not late >> k & 1 and deps[j] & late:
+                late |= 1 << k
+                grown = True
+    early = [deps[j] & late == 0 and op.type != "_LoopArg" for j, op in enumerate(g.ops)]
+    total, reads = 0, 0
+    for b in buffers:
+        if b.host or b.scratch or b.bytes <= 0 or not early[b.producer]:
+            continue
+        if any(not early[r] for r in b.readers):
+            total += b.bytes
+            reads |= deps[b.producer]
+    since = max((t for k, t in enumerate(arrivals) if reads >> k & 1), default=0)
+    return total, since, sum(early)
 
 
 def _as_feed(op: Op) -> Op:
@@ -1004,7 +1177,8 @@ def hotspots(
     rows = []
     for b in live_at(sim, lvl)[:limit]:
         best, reach = b.tensor, -1
-        for t in () if b.scratch else (b.tensor, *b.views):
+        own = b.tensor.rpartition(":")[0] in graph.index
+        for t in (b.tensor, *b.views) if own and not b.scratch else ():
             name, _, port = t.rpartition(":")
             i = graph.index[name]
             far = max((lv[c] - lv[i] for c in adj.consumers.get((i, int(port)), ())),
@@ -1014,7 +1188,9 @@ def hotspots(
         port = b.tensor.rpartition(":")[2]
         shape = graph.ops[b.producer].outputs[int(port)].shape if port.isdigit() else None
         category = ordering.categories[b.producer]
-        reason = _not_swappable(category, shape, b)
+        reason = _not_swappable(category, shape, b) if own else (
+            "kernel workspace" if b.scratch or b.tensor.endswith("/workspace")
+            else "results a loop computed ahead (no tensor of the graph)")
         if not reason and reach <= 1:  # every reader of every view is adjacent to it
             reason = "no gap between producer and last reader"
         rows.append(LiveTensor(
@@ -1026,7 +1202,7 @@ def hotspots(
             category=category,
             swappable=not reason,
             reason=reason,
-            swap_tensor=best if not b.scratch else "",
+            swap_tensor=best if own and not b.scratch else "",
         ))
     return tuple(rows)
 

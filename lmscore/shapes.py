@@ -808,11 +808,15 @@ class LoopBody:
     sources : tuple of int
         Per loop variable, for ``"refs"``: the loop variable whose list it references;
         else -1.
+    returns : tuple of str
+        Per loop variable, the body tensor (``"op:port"``) that is its next value (``""``
+        when the body does not name one).
     """
 
     graph: Graph
     kinds: tuple[str, ...]
     sources: tuple[int, ...]
+    returns: tuple[str, ...] = ()
 
 
 def _body_ref(ref: str, args: dict[str, int], nodes: dict[str, Any]) -> str:
@@ -898,7 +902,8 @@ def _loop_body(graphdef: bytes, key: tuple[str, tuple]) -> LoopBody | None:
         kind, src = _loop_kind(body, args, nodes, k, ref, rets)
         kinds.append(kind)
         sources.append(src)
-    return LoopBody(body, tuple(kinds), tuple(sources))
+    returns = tuple(_body_ref(r, args, nodes) if r else "" for r in rets)
+    return LoopBody(body, tuple(kinds), tuple(sources), returns)
 
 
 def _through(body: Graph, tensor: str) -> str:

@@ -227,3 +227,21 @@ def test_networkx_view_round_trip():
 def test_public_api_exports():
     for name in lmscore.__all__:
         assert hasattr(lmscore, name), name
+
+
+def test_hotspots_of_a_loop_step_at_every_level():
+    """The LSTM sample's table at every level: what its loops run ahead is listed, refused.
+
+    The results a gradient loop computes ahead of its incoming gradient are held memory
+    but no tensor of the graph: they are shown, never offered for swapping.
+    """
+    from lmscore import samples
+
+    g = lmscore.load(samples.sample_dir() / "lstm.pb")
+    sim = simulate(g, 16)
+    ahead = [row for level in range(len(sim.device_curve)) for row in hotspots(g, sim, level)
+             if row.reason.startswith("results a loop computed ahead")]
+    assert ahead
+    assert all(not row.swappable and row.swap_tensor == "" for row in ahead)
+    assert {row.tensor.rpartition("/")[0] for row in ahead} <= {
+        op.name for op in g.ops if op.type in ("While", "StatelessWhile")}

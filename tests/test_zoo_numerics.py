@@ -32,8 +32,8 @@ pytestmark = pytest.mark.tf
 #: a minute or more each and are left to the slow memory tests).
 MODELS = [
     "mlp_dropout", "bn_cnn", "unet2d", "unet3d", "transformer_encoder", "gpt_decoder",
-    "gru_lstm", "stacked_lstm", "mixed_precision_cnn", "fit_cnn", "fit_mixed_transformer",
-    "stochastic_depth_cnn",
+    "gru_lstm", "stacked_lstm", "bigru_rnn", "mixed_precision_cnn", "fit_cnn",
+    "fit_mixed_transformer", "stochastic_depth_cnn",
 ]
 STEPS = 3
 

@@ -268,6 +268,17 @@ def gru_lstm(batch=None):
                         *_specs(batch, (20,), (), "int32"))
 
 
+def bigru_rnn(batch=None):
+    """Two loops side by side (a bidirectional GRU), then a SimpleRNN after a dense layer."""
+    k = _keras()
+    k.utils.set_random_seed(14)
+    m = k.Sequential([k.Input((12, 6)),
+                      k.layers.Bidirectional(k.layers.GRU(32, return_sequences=True)),
+                      k.layers.Dense(16, activation="relu"), k.layers.SimpleRNN(24),
+                      k.layers.Dense(3)], name="bigru")
+    return _custom_step(m, _sparse_ce(), k.optimizers.RMSprop(1e-3), *_specs(batch, (12, 6), ()))
+
+
 def stacked_lstm(batch=None):
     k = _keras()
     k.utils.set_random_seed(13)
@@ -348,6 +359,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("gpt_decoder", gpt_decoder, 4, True),
     Entry("gru_lstm", gru_lstm, 4, False),
     Entry("stacked_lstm", stacked_lstm, 4, True),
+    Entry("bigru_rnn", bigru_rnn, 8, False),
     Entry("mixed_precision_cnn", mixed_precision_cnn, 4, False),
     Entry("fit_cnn", fit_cnn, 8, False),
     Entry("fit_mixed_transformer", fit_mixed_transformer, 4, True),
