@@ -71,7 +71,7 @@ from typing import Any
 
 from .errors import ConfigError, RunError
 from .ir import Graph, split_tensor
-from .memory import simulate
+from .memory import fits, simulate
 from .order import order
 from .plan import Plan, Swap, SwapIn, fingerprint, reaches
 from .rewrite import rewrite
@@ -224,7 +224,7 @@ class GrapplerResult:
     grappler_peak_bytes : int
         Grappler's own estimate of the unswapped peak (-1 if unknown).
     fits : bool
-        ``predicted_peak_bytes <= budget_bytes``.
+        Whether the simulated step fits the budget (:func:`lmscore.memory.fits`).
     decisions : tuple of Decision
         The decisions the plan was made from.
     skipped : tuple of (str, str)
@@ -742,7 +742,7 @@ def grappler_baseline(
         budget_bytes=budget_bytes,
         baseline_peak_bytes=base.peak_bytes,
         grappler_peak_bytes=run.grappler_peak_bytes,
-        fits=sim.peak_bytes <= budget_bytes,
+        fits=fits(sim, budget_bytes),
         decisions=decisions,
         skipped=skipped,
     )

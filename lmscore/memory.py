@@ -182,6 +182,12 @@ class Simulation:
         device peak occurs.
     peak_position : int
         Schedule position of the overall peak.
+    race_bytes : int
+        How much more than ``peak_bytes`` the step may hold when the executor's threads
+        let a while loop's early part (see :func:`simulate`) run its whole
+        ``parallel_iterations`` window ahead while the loop runs, where the expected
+        course has it only a few iterations ahead. The peak is the expected course; a
+        budget must hold ``peak_bytes + race_bytes`` (:attr:`worst_peak_bytes`).
     """
 
     device_curve: tuple[int, ...]
@@ -197,6 +203,34 @@ class Simulation:
     batch_size: int
     level_peak_position: tuple[int, ...] = ()
     peak_position: int = 0
+    race_bytes: int = 0
+
+    @property
+    def worst_peak_bytes(self) -> int:
+        """``peak_bytes + race_bytes``: what a device must hold for the step to fit."""
+        return self.peak_bytes + self.race_bytes
+
+
+def fits(sim: Simulation, device_bytes: int, safety: float = 1.0) -> bool:
+    """Whether a simulated step fits a device of ``device_bytes``: the one "fits".
+
+    The step's persistent memory stays resident; its transient peak, with what a while
+    loop's race may add (:attr:`Simulation.worst_peak_bytes`), must stay within
+    ``safety`` of the rest.
+
+    Examples
+    --------
+    >>> sim = Simulation((100,), (0,), 100, 0, 40, 0, 60, 0, (), (), 1)
+    >>> fits(sim, 100), fits(sim, 99), fits(sim, 100, safety=0.9)
+    (True, False, False)
+    """
+    return sim.worst_peak_bytes - sim.persistent_bytes <= transient_budget(
+        device_bytes, sim.persistent_bytes, safety)
+
+
+def transient_budget(device_bytes: int, persistent_bytes: int, safety: float = 1.0) -> int:
+    """Bytes a step's transient memory may use on a device: ``(device - persistent) x safety``."""
+    return int((device_bytes - persistent_bytes) * safety)
 
 
 #: Kernel workspace models :func:`simulate` accepts (see its ``workspace`` parameter).
@@ -430,7 +464,7 @@ def _simulate(
     buffers += _update_copies(graph, ordering, sizes)
     if workspace in ("eigen", "onednn"):
         buffers += _cpu_scratch(graph, ordering, sizes, workspace)
-    loops, credit = _loop_effects(graph, ordering, sizes, buffers, workspace, depth)
+    loops, credit, race = _loop_effects(graph, ordering, sizes, buffers, workspace, depth)
     buffers += loops
     n = len(graph.ops)
     dev_alloc = [0] * (n + 1)
@@ -455,6 +489,7 @@ def _simulate(
     level_pos = [0] * n_levels
     live = host_live = 0
     peak, peak_pos = base, 0
+    worst = base
     for pos, i in enumerate(ordering.schedule):
         live += dev_alloc[pos]
         host_live += host_alloc[pos]
@@ -466,6 +501,7 @@ def _simulate(
         host_curve[lvl] = max(host_curve[lvl], host_live)
         if now > peak:
             peak, peak_pos = now, pos
+        worst = max(worst, now + race.get(pos, 0))
         live -= dev_free[pos]
         host_live -= host_free[pos]
     peak_level = levels[ordering.schedule[peak_pos]] if n else 0
@@ -483,6 +519,7 @@ def _simulate(
         batch_size=sizes.batch_size,
         level_peak_position=tuple(level_pos),
         peak_position=peak_pos,
+        race_bytes=max(worst - peak, 0),
     )
 
 
@@ -776,10 +813,15 @@ def _loop_effects(
       so they are never all full together (:func:`_drain_credit`). Returned as a credit
       at the loop's schedule position.
 
+    The early part may also run its whole window ahead while the loop runs: how much more
+    that holds at the loop's position is returned as the race per schedule position
+    (:attr:`Simulation.race_bytes`).
+
     Returns
     -------
     tuple
-        The body workspace and run-ahead buffers, and the credit per schedule position.
+        The body workspace and run-ahead buffers, the credit and the race per schedule
+        position.
     """
     pos = ordering.position
     levels = ordering.levels
@@ -789,6 +831,7 @@ def _loop_effects(
             owner[t] = b
     extra: list[Buffer] = []
     credit: dict[int, int] = {}
+    race: dict[int, int] = {}
     adj = graph.adjacency
     for i, op in enumerate(graph.ops):
         if op.type not in _WHILE_OPS or not ordering.needed[i]:
@@ -829,15 +872,20 @@ def _loop_effects(
                     f"{op.name}/ahead-current", cost.ahead_bytes, start, levels[
                         ordering.schedule[p - 1]], i, (), first=first, last=p - 1,
                 ))
-        c = _drain_credit(sum(consumed.values()), filled, cost.ahead_bytes, window,
-                          trips or 1)
+        drained = sum(consumed.values())
+        c = _drain_credit(drained, filled, cost.ahead_bytes, window, trips or 1)
         if c > 0:
             credit[p] = credit.get(p, 0) + c
+        if window < limit:  # the whole window ahead, draining as the loop runs
+            full = _drain_credit(drained, filled, cost.ahead_bytes, limit, trips)
+            more = (limit - window) * cost.ahead_bytes - (full - c)
+            if more > 0:
+                race[p] = race.get(p, 0) + more
         if cost.peak > 0:
             extra.append(Buffer(
                 f"{op.name}/body", cost.peak, lvl, lvl, i, (), scratch=True, first=p, last=p
             ))
-    return extra, credit
+    return extra, credit, race
 
 
 def _ahead_iterations(

@@ -32,7 +32,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .ir import Graph
-from .memory import Simulation, simulate
+from .memory import Simulation, fits, simulate, transient_budget
 from .order import order
 from .plan import (
     DEFAULT_PREDICATES,
@@ -443,13 +443,15 @@ def tune(
     sizes = resolve(graph, batch_size)
     base = simulate(graph, batch_size, sizes=sizes, workspace=workspace)
     persistent = base.persistent_bytes
-    budget = int((memory - persistent) * safety)
+    budget = transient_budget(memory, persistent, safety)
     ctx = _context(graph, sizes, base, dev, LINKS[link])
     base_seconds = sum(ctx.seconds)
     min_peak, bound = _lower_bound(graph, sizes, base)
 
-    def fits(score: _Score) -> bool:
-        return score.transient_peak <= budget
+    def fits_fast(score: _Score) -> bool:
+        # the fast evaluator's estimate, with the race of the unswapped step's loops; the
+        # full simulation of the plan decides (_verify)
+        return score.transient_peak + base.race_bytes <= budget
 
     report(0.0, "simulating the unswapped step")
     empty = Plan(fingerprint(graph), params={"strategy": strategy})
@@ -457,7 +459,7 @@ def tune(
         return _result(graph, batch_size, empty, False, budget, memory, base, base,
                        base_seconds, base_seconds, strategy, ctx, min_peak, bound, {},
                        workspace, reason="bound")
-    if base.peak_bytes - persistent <= budget:
+    if fits(base, memory, safety):
         return _result(graph, batch_size, empty, True, budget, memory, base, base,
                        base_seconds, base_seconds, strategy, ctx, min_peak, bound, {},
                        workspace)
@@ -469,7 +471,7 @@ def tune(
         while lo <= hi and not stop():
             mid = (lo + hi) // 2
             sc = _evaluate(ctx, _swaps_for(ctx, mid, 1, 5), sync)
-            if fits(sc):
+            if fits_fast(sc):
                 found, lo = mid, mid + 1
             else:
                 hi = mid - 1
@@ -482,27 +484,28 @@ def tune(
                        base_seconds, base_seconds, strategy, ctx, min_peak, bound, {},
                        workspace, reason="search")
     knobs = {"threshold": found, "ahead": 1, "groupby": 5, "sync_mode": sync}
-    knobs = _tflms_refine(ctx, knobs, fits, report, stop)
+    knobs = _tflms_refine(ctx, knobs, fits_fast, report, stop)
     swaps = _swaps_for(ctx, knobs["threshold"], knobs["ahead"], knobs["groupby"])
     if strategy == "default":
         # Start from the TFLMS choice, so the time model can only improve on it.
         seed = _evaluate(ctx, swaps, knobs["sync_mode"])
-        best = _grid(ctx, knobs, fits, report, stop,
+        best = _grid(ctx, knobs, fits_fast, report, stop,
                      (seed.seconds, seed.swap_bytes, knobs, seed.swaps))
         knobs, swaps = best[2], best[3]
-        swaps = _prune(ctx, swaps, knobs["sync_mode"], fits, report, stop)
+        swaps = _prune(ctx, swaps, knobs["sync_mode"], fits_fast, report, stop)
     report(0.9, "verifying the plan with the full simulation")
     return _verify(graph, batch_size, swaps, knobs, budget, memory, base, base_seconds,
-                   strategy, ctx, min_peak, bound, workspace)
+                   strategy, ctx, min_peak, bound, workspace, safety)
 
 
-def _tflms_refine(ctx: _Context, knobs: dict, fits, report, stop) -> dict:
+def _tflms_refine(ctx: _Context, knobs: dict, fits_fast, report, stop) -> dict:
     """TFLMS v2: then the largest ahead, then the largest groupby that still fit."""
     t, sync = knobs["threshold"], knobs["sync_mode"]
-    ahead = _largest(lambda a: fits(_evaluate(ctx, _swaps_for(ctx, t, a, 5), sync)), 1, t, stop)
+    ahead = _largest(lambda a: fits_fast(_evaluate(ctx, _swaps_for(ctx, t, a, 5), sync)), 1, t,
+                     stop)
     report(0.6, "largest ahead")
     groupby = _largest(
-        lambda gb: fits(_evaluate(ctx, _swaps_for(ctx, t, ahead, gb), sync)), 5, 2 * t, stop
+        lambda gb: fits_fast(_evaluate(ctx, _swaps_for(ctx, t, ahead, gb), sync)), 5, 2 * t, stop
     )
     report(0.8, "largest groupby")
     return {"threshold": t, "ahead": ahead, "groupby": groupby, "sync_mode": sync}
@@ -519,7 +522,7 @@ def _largest(ok: Callable[[int], bool], lo: int, hi: int, stop) -> int:
     return best
 
 
-def _grid(ctx: _Context, knobs: dict, fits, report, stop, best):
+def _grid(ctx: _Context, knobs: dict, fits_fast, report, stop, best):
     """Score thresholds up to the largest fitting one against ahead and groupby."""
     top, sync = knobs["threshold"], knobs["sync_mode"]
     thresholds = sorted({top, max(1, top * 3 // 4), max(1, top // 2)}, reverse=True)
@@ -534,7 +537,7 @@ def _grid(ctx: _Context, knobs: dict, fits, report, stop, best):
                     return best
                 k += 1
                 sc = _evaluate(ctx, _swaps_for(ctx, t, a, gb), sync)
-                if fits(sc):
+                if fits_fast(sc):
                     key = (sc.seconds, sc.swap_bytes,
                            {"threshold": t, "ahead": a, "groupby": gb, "sync_mode": sync},
                            sc.swaps)
@@ -544,12 +547,12 @@ def _grid(ctx: _Context, knobs: dict, fits, report, stop, best):
     return best
 
 
-def _prune(ctx: _Context, swaps: tuple[Swap, ...], sync: int, fits, report, stop):
+def _prune(ctx: _Context, swaps: tuple[Swap, ...], sync: int, fits_fast, report, stop):
     """Drop the smallest swaps for as long as the plan still fits (binary search)."""
     by_size = {b.tensor: b.bytes for b in ctx.base.buffers}
     ordered = sorted(swaps, key=lambda s: by_size.get(s.tensor, 0))
     keep_from = _largest(
-        lambda k: fits(_evaluate(ctx, tuple(ordered[k:]), sync)), 0, len(ordered), stop
+        lambda k: fits_fast(_evaluate(ctx, tuple(ordered[k:]), sync)), 0, len(ordered), stop
     )
     report(0.85, f"dropped {keep_from} swaps that the fit does not need")
     kept = ordered[keep_from:]
@@ -558,7 +561,7 @@ def _prune(ctx: _Context, swaps: tuple[Swap, ...], sync: int, fits, report, stop
 
 
 def _verify(graph, batch, swaps, knobs, budget, memory, base, base_seconds, strategy, ctx,
-            min_peak, bound, workspace) -> TuneResult:
+            min_peak, bound, workspace, safety) -> TuneResult:
     """Rewrite and simulate in full; if the full simulation does not fit, swap more."""
     # Pinned: a tuned plan promises a peak, and only the simulated order keeps it.
     plan = Plan(fingerprint(graph), tuple(swaps), knobs["sync_mode"], (),
@@ -567,7 +570,7 @@ def _verify(graph, batch, swaps, knobs, budget, memory, base, base_seconds, stra
     for _attempt in range(16):
         rw = rewrite(graph, plan)
         sim = simulate(rw.graph, batch, workspace=workspace)
-        if sim.peak_bytes - sim.persistent_bytes <= budget:
+        if fits(sim, memory, safety):
             seconds = _evaluate(ctx, rw.plan.swaps, plan.sync_mode).seconds
             return _result(graph, batch, rw.plan, True, budget, memory, base, sim,
                            base_seconds, seconds, strategy, ctx, min_peak, bound, knobs,
@@ -621,9 +624,11 @@ def _result(graph, batch, plan, fits, budget, memory, base, sim, base_seconds, s
     swap_bytes = sum(b.bytes for b in sim.buffers if b.host)
     overhead = max(0.0, seconds / base_seconds - 1) if base_seconds else 0.0
     if fits and not plan.swaps:
-        need = format_bytes(base.peak_bytes - base.persistent_bytes)
+        need = format_bytes(base.worst_peak_bytes - base.persistent_bytes)
+        race = (f"; {format_bytes(base.race_bytes)} of it for loop iterations run ahead"
+                if base.race_bytes else "")
         message = (f"fits without swapping: the step needs {need} of "
-                   f"{format_bytes(budget)} (device peak {format_bytes(base.peak_bytes)})")
+                   f"{format_bytes(budget)} (device peak {format_bytes(base.peak_bytes)}{race})")
     elif fits:
         message = (f"fits with {len(plan.swaps)} swapped tensors "
                    f"({format_bytes(swap_bytes)}): peak {format_bytes(base.peak_bytes)} -> "

@@ -41,6 +41,7 @@ import lmscore
 from lmscore.errors import ConfigError, GraphError, LmsError, PlanError
 from lmscore.ir import split_tensor
 from lmscore.memory import Simulation
+from lmscore.memory import fits as fits_device
 from lmscore.plan import (
     Plan,
     add_swap,
@@ -774,7 +775,7 @@ def summary(loaded: LoadedGraph, base: Base, plan: Plan, plan_data: dict[str, An
             after: After | None, budget: int | None) -> Any:
     """The summary panel: peaks, host, swaps, predicted overhead and whether it fits."""
     sim = base.sim
-    peak = after.sim.peak_bytes if after else sim.peak_bytes
+    shown = after.sim if after else sim
 
     def item(label: str, value: str, test_id: str, cls: str = "") -> Any:
         return html.Div([html.Span(label, className="k"),
@@ -791,10 +792,11 @@ def summary(loaded: LoadedGraph, base: Base, plan: Plan, plan_data: dict[str, An
         overhead = "run auto-tune for a prediction"
     if budget is None:
         fits, fits_cls = "no budget set", ""
-    elif peak <= budget:
-        fits, fits_cls = f"fits ({format_bytes(budget - peak)} to spare)", "ok"
+    elif fits_device(shown, budget):
+        fits, fits_cls = f"fits ({format_bytes(budget - shown.worst_peak_bytes)} to spare)", "ok"
     else:
-        fits, fits_cls = f"does not fit (over by {format_bytes(peak - budget)})", "bad"
+        fits, fits_cls = (f"does not fit (over by {format_bytes(shown.worst_peak_bytes - budget)})",
+                          "bad")
     n_in = len(after.rewrite.swap_ins) if after else 0
     n_sync = len(after.rewrite.synchronous) if after else 0
     skipped = after.rewrite.skipped if after else ()

@@ -39,9 +39,9 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 #: (zoo step, batch): peaks of 100-135 MiB, so that whole MiB and the allocator's first
 #: 2 MiB region are fine enough for a cap. Not here: the 2-D U-Net (with oneDNN on,
-#: TensorFlow 2.21 crashed with SIGSEGV under the CPU allocator capped at 136 MiB) and
-#: gru_lstm at batch 2048 (simulated 0.885 of measured: loop iterations run ahead are not
-#: modelled; at its cap it ran in one run and ran out of memory in another).
+#: TensorFlow 2.21 crashed with SIGSEGV under the CPU allocator capped at 136 MiB) and the
+#: GRU+LSTM at batch 2048: out of memory at 80% of the records, TensorFlow crashed with
+#: SIGSEGV in 3 runs of 9 instead of reporting it.
 CASES = [
     pytest.param("mlp_dropout", 65536, id="mlp_dropout-b65536"),
     pytest.param("transformer_encoder", 256, id="transformer_encoder-b256"),
@@ -90,7 +90,7 @@ def test_fits_under_the_allocators_cap(name, batch, tmp_path):
     sim = simulate(g, batch, workspace="cpu")
     # Smallest whole-MiB device on which tune says "fits without swapping".
     persistent = sim.persistent_bytes
-    need = persistent + (sim.peak_bytes - persistent) / 0.9
+    need = persistent + (sim.worst_peak_bytes - persistent) / 0.9
     cap = math.ceil(need / MIB)
     r = tune(g, batch, cap * MIB, workspace="cpu")
     assert r.fits and not r.plan.swaps, r.message

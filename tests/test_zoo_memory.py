@@ -152,3 +152,30 @@ def test_loop_bodies_are_read():
         assert body is not None
         assert body.kinds.count("consumed") >= 10
         assert "filled" in body.kinds and "carried" in body.kinds
+
+
+def test_fits_counts_the_loops_race():
+    """"Fits" holds the expected peak plus what a loop running its whole window adds.
+
+    The GRU+LSTM at batch 512: the LSTM's gradient loop is expected a couple of
+    iterations ahead when it starts, but may run all 20 ahead while it runs. A device that
+    holds only the expected peak (with the default 10% safety) does not fit; one that also
+    holds the race does, without swapping.
+    """
+    import math
+
+    from lmscore.memory import fits, simulate
+    from lmscore.tune import tune
+
+    graph, batch = zoo.graph("gru_lstm"), 512
+    sim = simulate(graph, batch)
+    assert sim.race_bytes > 0
+    assert sim.worst_peak_bytes == sim.peak_bytes + sim.race_bytes
+
+    def device(peak: int) -> int:
+        return math.ceil(sim.persistent_bytes + (peak - sim.persistent_bytes) / 0.9)
+
+    assert not fits(sim, device(sim.peak_bytes), 0.9)
+    assert fits(sim, device(sim.worst_peak_bytes), 0.9)
+    r = tune(graph, batch, device(sim.worst_peak_bytes))
+    assert r.fits and not r.plan.swaps, r.message
