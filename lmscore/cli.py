@@ -13,11 +13,14 @@ import os
 import pathlib
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import samples
 from .errors import ConfigError, LmsError
 from .units import format_bytes
+
+if TYPE_CHECKING:  # the CLI imports TensorFlow-free modules lazily, per command
+    from .evaluate import PlanEvaluation
 
 EXIT_USAGE = 2
 
@@ -289,22 +292,19 @@ def _levels_arg(text: str | None) -> tuple[int, ...]:
         raise ConfigError(f"--serialize takes levels like 3,7,12, got {text!r}") from None
 
 
-def rewrite_report(
-    graph: Any, batch: int, rw: Any, workspace: str = "accelerator"
-) -> dict[str, Any]:
-    """The ``lms rewrite --json`` object: predictions before and after the rewrite."""
-    from .memory import simulate
+def rewrite_report(ev: PlanEvaluation) -> dict[str, Any]:
+    """The ``lms rewrite --json`` object: predictions before and after the rewrite.
 
-    before = simulate(graph, batch, workspace=workspace)
-    after = simulate(rw.graph, batch, workspace=workspace)
-    swap_bytes = sum(b.bytes for b in after.buffers if b.host)
+    ``ev`` is the plan's :class:`lmscore.evaluate.PlanEvaluation`.
+    """
+    rw = ev.rewrite
     return {
-        "batch_size": batch,
-        "baseline_peak_bytes": before.peak_bytes,
-        "predicted_peak_bytes": after.peak_bytes,
-        "predicted_host_peak_bytes": after.host_peak_bytes,
+        "batch_size": ev.after.batch_size,
+        "baseline_peak_bytes": ev.before.peak_bytes,
+        "predicted_peak_bytes": ev.after.peak_bytes,
+        "predicted_host_peak_bytes": ev.after.host_peak_bytes,
         "swapped_tensors": len(rw.plan.swaps),
-        "swap_bytes": swap_bytes,
+        "swap_bytes": ev.swap_bytes,
         "swap_ins": len(rw.swap_ins),
         "synchronous_swap_ins": len(rw.synchronous),
         "skipped": [{"tensor": t, "reason": r} for t, r in rw.skipped],
@@ -314,9 +314,9 @@ def rewrite_report(
 
 
 def _cmd_rewrite(args: argparse.Namespace) -> int:
+    from .evaluate import evaluate_plan
     from .export import write_graphdef
     from .plan import check_plan, load_plan, plan_from_params, save_plan
-    from .rewrite import rewrite
     from .units import parse_bytes
 
     graph, batch = _load(args)
@@ -352,8 +352,9 @@ def _cmd_rewrite(args: argparse.Namespace) -> int:
             include_scopes=args.include_scope, exclude_scopes=args.exclude_scope,
             include_types=args.include_type, exclude_types=args.exclude_type,
         )
-    rw = rewrite(graph, plan)
-    report = rewrite_report(graph, batch, rw, args.workspace)
+    ev = evaluate_plan(graph, plan, batch, workspace=args.workspace)
+    rw = ev.rewrite
+    report = rewrite_report(ev)
     write_graphdef(rw.graph, out, device=args.device, host=args.host)
     if args.plan_out:
         save_plan(rw.plan, args.plan_out)
@@ -573,12 +574,11 @@ def _plot(graph: Any, batch: int, result: Any, path: str, workspace: str) -> Non
     """Device curves before and after, host curve and budget line, as plotly HTML."""
     import plotly.graph_objects as go
 
-    from .memory import simulate
+    from .evaluate import evaluate_plan
     from .plan import write_atomic
-    from .rewrite import rewrite
 
-    before = simulate(graph, batch, workspace=workspace)
-    after = simulate(rewrite(graph, result.plan).graph, batch, workspace=workspace)
+    ev = evaluate_plan(graph, result.plan, batch, workspace=workspace)
+    before, after = ev.before, ev.after
     gib = 2**30
     fig = go.Figure()
     fig.add_scatter(y=[v / gib for v in before.device_curve], name="device, before",

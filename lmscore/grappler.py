@@ -70,11 +70,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError, RunError
+from .evaluate import evaluate_plan
 from .ir import Graph, split_tensor
-from .memory import fits, simulate
 from .order import order
 from .plan import Plan, Swap, SwapIn, fingerprint, reaches
-from .rewrite import rewrite
 from .shapes import Sizes, resolve
 from .tune import DEVICES, LINKS, Device, _context, _evaluate, op_seconds
 from .units import format_bytes
@@ -719,14 +718,13 @@ def grappler_baseline(
         params=params,
     )
     sizes = resolve(graph, batch_size)
-    base = simulate(graph, batch_size, sizes=sizes, workspace="accelerator")
-    rw = rewrite(graph, plan)
-    sim = simulate(rw.graph, batch_size, workspace="accelerator") if plan.swaps else base
+    ev = evaluate_plan(graph, plan, batch_size, workspace="accelerator", sizes=sizes)
+    base, rw, sim = ev.before, ev.rewrite, ev.after
     ctx = _context(graph, sizes, base, dev, LINKS[link])
     base_seconds = sum(ctx.seconds)
     seconds = _evaluate(ctx, rw.plan.swaps, rw.plan.sync_mode).seconds
     overhead = max(0.0, seconds / base_seconds - 1) if base_seconds else 0.0
-    swap_bytes = sum(b.bytes for b in sim.buffers if b.host)
+    swap_bytes = ev.swap_bytes
     note = _note(run, graph, skipped, budget_bytes, base_seconds, dev)
     return GrapplerResult(
         plan=rw.plan,
@@ -742,7 +740,7 @@ def grappler_baseline(
         budget_bytes=budget_bytes,
         baseline_peak_bytes=base.peak_bytes,
         grappler_peak_bytes=run.grappler_peak_bytes,
-        fits=fits(sim, budget_bytes),
+        fits=ev.fits(budget_bytes),
         decisions=decisions,
         skipped=skipped,
     )

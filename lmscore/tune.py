@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .errors import ConfigError
+from .evaluate import evaluate_plan
 from .ir import Graph
 from .memory import Simulation, fits, simulate, transient_budget
 from .order import order
@@ -44,7 +45,6 @@ from .plan import (
     fingerprint,
     group_consumers,
 )
-from .rewrite import rewrite
 from .shapes import Sizes, resolve
 
 
@@ -568,9 +568,9 @@ def _verify(graph, batch, swaps, knobs, budget, memory, base, base_seconds, stra
                 {"strategy": strategy, "batch_size": batch, **knobs}, pin_schedule=True)
     best_sim = None
     for _attempt in range(16):
-        rw = rewrite(graph, plan)
-        sim = simulate(rw.graph, batch, workspace=workspace)
-        if fits(sim, memory, safety):
+        ev = evaluate_plan(graph, plan, batch, workspace=workspace, before=base)
+        rw, sim = ev.rewrite, ev.after
+        if ev.fits(memory, safety):
             seconds = _evaluate(ctx, rw.plan.swaps, plan.sync_mode).seconds
             return _result(graph, batch, rw.plan, True, budget, memory, base, sim,
                            base_seconds, seconds, strategy, ctx, min_peak, bound, knobs,

@@ -318,12 +318,12 @@ def validate_plan(
     -------
     PlanValidation
     """
+    from .evaluate import PlanEvaluation, evaluate_plan
     from .export import to_graphdef
     from .measure import measure
     from .plan import empty_plan
     from .rewrite import rewrite
 
-    rw = rewrite(graph, plan)
     if graph.graphdef is None:
         raise RunError(f"{graph.source}: no GraphDef to run (build the graph with lmscore.load)")
     # Both on the same two-device runtime, so that its scheduling affects both alike.
@@ -336,6 +336,13 @@ def validate_plan(
         # took. The numerics under default Grappler still compare with the step as given.
         original = rewrite(graph, replace(empty_plan(graph), pin_schedule=True)).graph
         original_data = to_graphdef(original, mode="emulate")
+
+    def evaluate(library: str) -> PlanEvaluation:
+        before = simulate(original, batch_size, workspace=library)
+        return evaluate_plan(graph, plan, batch_size, workspace=library, before=before)
+
+    ev = evaluate(cpu_kernel_library())
+    rw = ev.rewrite
     m0 = measure(original_data, batch_size, steps=steps, seed=seed, devices=2,
                  inter_op_threads=EMULATION_THREADS)
     exported = to_graphdef(rw.graph, mode="emulate")
@@ -348,8 +355,9 @@ def validate_plan(
     peaks = [int(m.peak_bytes.get(dev, 0) + m.persistent_bytes.get(dev, 0)) for m in rewritten]
     m1 = rewritten[peaks.index(max(peaks))]
     library = m0.kernel_library or cpu_kernel_library()  # the CPU kernels that ran
-    sim0 = simulate(original, batch_size, workspace=library)
-    sim1 = simulate(rw.graph, batch_size, workspace=library)
+    if library != cpu_kernel_library():
+        ev = evaluate(library)
+    sim0, sim1 = ev.before, ev.after
     measured = {
         "original": int(m0.peak_bytes.get(dev, 0) + m0.persistent_bytes.get(dev, 0)),
         "rewritten": int(m1.peak_bytes.get(dev, 0) + m1.persistent_bytes.get(dev, 0)),

@@ -39,6 +39,7 @@ from dash import Input, Output, State, ctx, dcc, html, no_update
 
 import lmscore
 from lmscore.errors import ConfigError, GraphError, LmsError, PlanError
+from lmscore.evaluate import PlanEvaluation, evaluate_plan
 from lmscore.ir import split_tensor
 from lmscore.memory import Simulation
 from lmscore.memory import fits as fits_device
@@ -55,7 +56,7 @@ from lmscore.plan import (
     remove_swap,
 )
 from lmscore.rewrite import Rewrite, rewrite
-from lmscore.shapes import Sizes, extend_sizes, resolve
+from lmscore.shapes import Sizes, resolve
 from lmscore.units import format_bytes, parse_bytes
 
 from . import figures
@@ -110,15 +111,36 @@ class Base:
 
 @dataclass(frozen=True)
 class After:
-    """A plan applied: the rewrite, its simulation and its curves on the original levels."""
+    """A plan as edited, and its evaluation (:func:`lmscore.evaluate.evaluate_plan`)."""
 
     plan: Plan
-    rewrite: Rewrite
-    sim: Simulation
-    device: tuple[int, ...]
-    host: tuple[int, ...]
-    peak_level: int
-    swap_bytes: int
+    evaluation: PlanEvaluation
+    peak_level: int  # of the device curve on the original levels
+
+    @property
+    def rewrite(self) -> Rewrite:
+        """The rewritten step."""
+        return self.evaluation.rewrite
+
+    @property
+    def sim(self) -> Simulation:
+        """The rewritten step's simulation."""
+        return self.evaluation.after
+
+    @property
+    def device(self) -> tuple[int, ...]:
+        """Device curve on the original levels."""
+        return self.evaluation.device_curve
+
+    @property
+    def host(self) -> tuple[int, ...]:
+        """Host curve on the original levels."""
+        return self.evaluation.host_curve
+
+    @property
+    def swap_bytes(self) -> int:
+        """Bytes moved to host memory."""
+        return self.evaluation.swap_bytes
 
 
 def base_of(
@@ -197,53 +219,12 @@ def after_of(app: AppContext, base: Base, plan: Plan, digest: str | None = None
     digest = digest or plan_digest(plan.to_json())
 
     def compute() -> After:
-        rw = rewrite(base.loaded.graph, plan)
-        sim = lmscore.simulate(rw.graph, base.batch, workspace=base.workspace,
-                               sizes=extend_sizes(base.sizes, rw.graph))
-        device, host = project_to_original_levels(base.loaded.graph, rw, sim)
-        peak_level = int(np.argmax(device)) if device else 0
-        swap_bytes = sum(b.bytes for b in sim.buffers if b.host)
-        return After(plan, rw, sim, device, host, peak_level, swap_bytes)
+        ev = evaluate_plan(base.loaded.graph, plan, base.batch, workspace=base.workspace,
+                           before=base.sim, sizes=base.sizes)
+        return After(plan, ev, int(np.argmax(ev.device_curve)) if ev.device_curve else 0)
 
     return app.compute(("after", base.loaded.key, base.batch, base.workspace, digest), compute,
                        "simulating the plan", len(base.loaded.graph.ops))
-
-
-def project_to_original_levels(
-    graph: lmscore.Graph, rw: Rewrite, sim: Simulation
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Device and host curves of a rewritten graph, drawn over the original graph's levels.
-
-    A rewrite moves ops to later levels, so its curves have their own x-axis. Each op of
-    the original graph is placed at its original level with the memory of the level it
-    runs at after the rewrite (the largest such value per original level); a swap-out
-    counts at its producer's level, a swap-in at its first consumer's.
-    """
-    lv0 = lmscore.order(graph).levels
-    lv1 = lmscore.order(rw.graph).levels
-    index0 = graph.index
-    dev1 = np.asarray(sim.device_curve, dtype=np.int64)
-    host1 = np.asarray(sim.host_curve, dtype=np.int64)
-    new_level = np.empty(len(rw.graph.ops), dtype=np.int64)
-    old_level = np.empty(len(rw.graph.ops), dtype=np.int64)
-    consumers = rw.graph.adjacency.consumers
-    for j, op in enumerate(rw.graph.ops):
-        new_level[j] = lv1[j]
-        i = index0.get(op.name)
-        if i is not None:
-            old_level[j] = lv0[i]
-            continue
-        producer = index0[split_tensor(str(op.attrs.get("_lms_tensor", op.inputs[0])))[0]]
-        readers = [index0[rw.graph.ops[c].name] for c in consumers.get((j, 0), ())
-                   if rw.graph.ops[c].name in index0]
-        old_level[j] = min((lv0[c] for c in readers), default=lv0[producer]) if (
-            op.attrs.get("_lms_role") == "swap_in") else lv0[producer]
-    n = len(lmscore.order(graph).by_level)
-    device = np.zeros(n, dtype=np.int64)
-    host = np.zeros(n, dtype=np.int64)
-    np.maximum.at(device, old_level, dev1[new_level])
-    np.maximum.at(host, old_level, host1[new_level])
-    return tuple(device.tolist()), tuple(host.tolist())
 
 
 # --- session updates -------------------------------------------------------------------

@@ -88,6 +88,29 @@ def test_rewritten_curves_exact():
     assert (after.peak_bytes, after.host_peak_bytes) == (4096, 4000)
 
 
+def test_one_evaluation_of_a_plan_exact():
+    """evaluate_plan: the rewrite, both simulations, the curves on the original levels."""
+    from lmscore.evaluate import evaluate_plan
+    from lmscore.memory import fits
+
+    g = long_edge()
+    plan = plan_from_params(g, 1, threshold=3, ahead=2)
+    ev = evaluate_plan(g, plan, 1)
+    assert ev.plan == rewrite(g, plan).plan
+    assert ev.before.device_curve == (32, 4032, 4064, 8064, 8064, 4096, 4096, 96)
+    assert ev.after.device_curve == (32, 4032, 4064, 4064, 4064, 4064, 4096, 96)
+    # on the original levels: the swap-out (level 2 after the rewrite) is drawn at its
+    # producer a's level 1, the swap-in (level 5) at its consumer f's level 6
+    assert ev.device_curve == (32, 4064, 4064, 4064, 4064, 4064, 4096, 96)
+    assert ev.host_curve == (0, 4000, 4000, 4000, 4000, 4000, 4000, 0)
+    assert ev.swap_bytes == 4000
+    assert ev.fits(4096) and not ev.fits(4095)
+    assert ev.fits(4096) == fits(ev.after, 4096)
+    empty = evaluate_plan(g, Plan(fingerprint(g)), 1, before=ev.before)
+    assert empty.after is ev.before and empty.swap_bytes == 0
+    assert empty.device_curve == ev.before.device_curve
+
+
 def test_sync_modes_and_serialization_add_control_edges():
     g = long_edge()
     new = rewrite(g, plan_from_params(g, 1, threshold=3, ahead=2, sync_mode=3)).graph
