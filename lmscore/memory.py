@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from .errors import ConfigError, GraphError
 from .ir import FEED_OPS, VARIABLE_OPS, Graph, Op, dtype_bytes
-from .order import BACKWARD, FORWARD, Ordering, order
+from .order import Ordering, order
 from .shapes import LoopBody, Sizes, loop_body, resolve
 
 #: Ops whose output ``k`` is a view of input ``k`` (0 for single-output ops).
@@ -1202,7 +1202,8 @@ def live_at(sim: Simulation, level: int) -> tuple[Buffer, ...]:
 
 
 def hotspots(
-    graph: Graph, sim: Simulation, level: int | None = None, *, limit: int | None = None
+    graph: Graph, sim: Simulation, level: int | None = None, *, limit: int | None = None,
+    sizes: Sizes | None = None,
 ) -> tuple[LiveTensor, ...]:
     """The tensors alive at ``level`` (default: the peak), largest first.
 
@@ -1213,12 +1214,21 @@ def hotspots(
     level : int, optional
     limit : int, optional
         Keep only the largest ``limit`` tensors.
+    sizes : Sizes, optional
+        The graph's sizes at the simulation's batch size (resolved when not given).
 
     Returns
     -------
     tuple of LiveTensor
+        Each row says whether a hand toggle would swap the tensor: the tensor (or a view of
+        it) passes :func:`lmscore.plan.swap_refusal` and has a reader more than one level
+        after it, as ``lmscore.plan.add_swap`` requires.
     """
+    from .plan import swap_refusal
+
     ordering = order(graph)
+    if sizes is None:
+        sizes = resolve(graph, sim.batch_size)
     lv = ordering.levels
     adj = graph.adjacency
     lvl = sim.peak_level if level is None else level
@@ -1233,12 +1243,14 @@ def hotspots(
                       default=-1)
             if far > reach:
                 best, reach = t, far
-        port = b.tensor.rpartition(":")[2]
-        shape = graph.ops[b.producer].outputs[int(port)].shape if port.isdigit() else None
         category = ordering.categories[b.producer]
-        reason = _not_swappable(category, shape, b) if own else (
-            "kernel workspace" if b.scratch or b.tensor.endswith("/workspace")
-            else "results a loop computed ahead (no tensor of the graph)")
+        if b.scratch or (not own and b.tensor.endswith("/workspace")):
+            reason = "kernel workspace"
+        elif not own:
+            reason = "results a loop computed ahead (no tensor of the graph)"
+        else:
+            name, _, port = best.rpartition(":")
+            reason = swap_refusal(graph, ordering, sizes, graph.index[name], int(port))
         if not reason and reach <= 1:  # every reader of every view is adjacent to it
             reason = "no gap between producer and last reader"
         rows.append(LiveTensor(
@@ -1253,15 +1265,3 @@ def hotspots(
             swap_tensor=best if own and not b.scratch else "",
         ))
     return tuple(rows)
-
-
-def _not_swappable(category: str, shape: tuple[int, ...] | None, b: Buffer) -> str:
-    if b.scratch:
-        return "kernel workspace"
-    if category not in (FORWARD, BACKWARD):
-        return f"{category} tensor"
-    if shape is None or len(shape) < 2:
-        return "rank < 2"
-    if b.distance < 2:
-        return "no gap between producer and last reader"
-    return ""

@@ -336,9 +336,39 @@ def negate(p: Predicate) -> Predicate:
     return lambda *a: not p(*a)
 
 
-DEFAULT_PREDICATES: tuple[Predicate, ...] = (
-    on_accelerator, rank_at_least_2, known_size, owns_memory,
+def _refusal_of_placement(graph: Graph, ordering: Ordering, i: int) -> str:
+    role = graph.ops[i].attrs.get("_lms_role")
+    return f"a {role.replace('_', '-')} op" if role else f"{ordering.categories[i]} tensor"
+
+
+def _refusal_of_shape(graph: Graph, sizes: Sizes, i: int, port: int) -> str:
+    shape = sizes.shapes[i][port]
+    return "rank < 2" if shape is None or len(shape) < 2 else "not floating-point"
+
+
+#: What a tensor must be for a swap to be offered, and why it is not when it is not: the
+#: one definition of "swappable" (:func:`swap_refusal`), whose predicates
+#: :func:`candidates` applies by default.
+_SWAPPABLE: tuple[tuple[Predicate, Callable[..., str]], ...] = (
+    (on_accelerator, lambda g, o, s, i, p: _refusal_of_placement(g, o, i)),
+    (rank_at_least_2, lambda g, o, s, i, p: _refusal_of_shape(g, s, i, p)),
+    (known_size, lambda g, o, s, i, p: "unknown size"),
+    (owns_memory, lambda g, o, s, i, p: "view of a variable, constant or feed"),
 )
+
+DEFAULT_PREDICATES: tuple[Predicate, ...] = tuple(pred for pred, _ in _SWAPPABLE)
+
+
+def swap_refusal(graph: Graph, ordering: Ordering, sizes: Sizes, i: int, port: int) -> str:
+    """Why output ``port`` of op ``i`` is never offered for swapping ("" if it may be).
+
+    The tensor must also have a consumer more than ``threshold`` levels later to be a
+    candidate (:func:`candidates`); this is what holds whatever the threshold.
+    """
+    for pred, reason in _SWAPPABLE:
+        if not pred(graph, ordering, sizes, i, port):
+            return reason(graph, ordering, sizes, i, port)
+    return ""
 
 
 # --- What Grappler makes of the step --------------------------------------------------------

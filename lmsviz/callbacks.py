@@ -103,7 +103,7 @@ class Base:
         """:func:`lmscore.hotspots` at ``level`` (remembered for up to 256 levels)."""
         rows = self._live.get(level)
         if rows is None:
-            rows = lmscore.hotspots(self.loaded.graph, self.sim, level)
+            rows = lmscore.hotspots(self.loaded.graph, self.sim, level, sizes=self.sizes)
             if len(self._live) < 256:
                 self._live[level] = rows
         return rows

@@ -245,3 +245,30 @@ def test_hotspots_of_a_loop_step_at_every_level():
     assert all(not row.swappable and row.swap_tensor == "" for row in ahead)
     assert {row.tensor.rpartition("/")[0] for row in ahead} <= {
         op.name for op in g.ops if op.type in ("While", "StatelessWhile")}
+
+
+@pytest.mark.parametrize("sample", ["mlp.pb", "lstm.pb", "unet3d.pb"])
+def test_swappable_rows_are_the_candidates(sample):
+    """One "swappable": a hotspot row offers a swap exactly when the planner would make one.
+
+    At every level of each sample, the tensors the table marks swappable are candidates
+    of ``lmscore.plan.candidates`` at threshold 1 (what a hand toggle swaps), and the
+    candidates alive there are the rows marked swappable.
+    """
+    from lmscore import samples
+    from lmscore.plan import candidates
+
+    g = lmscore.load(samples.sample_dir() / sample)
+    sim = simulate(g, 2)
+    sizes = resolve(g, 2)
+    cands = {c.tensor for c in candidates(g, sizes, 1, exact=False)}
+    checked = 0
+    for level in range(len(sim.device_curve)):
+        for row in hotspots(g, sim, level, sizes=sizes):
+            if row.swappable:
+                assert row.swap_tensor in cands, (level, row)
+                checked += 1
+            elif row.swap_tensor:
+                views = {row.tensor, row.swap_tensor}
+                assert not views & cands, (level, row)
+    assert checked > 0
