@@ -862,14 +862,24 @@ def add_swap(
     groupby: int = 5,
     window: int = DEFAULT_TRIGGER_WINDOW,
 ) -> Plan:
-    """The plan with ``tensor`` swapped for its consumers beyond ``threshold`` levels."""
+    """The plan with ``tensor`` swapped for its consumers beyond ``threshold`` levels.
+
+    The tensor must be swappable (:func:`swap_refusal`, the test the planners and the
+    hotspot table apply; sizes are read at batch size 1, which decides no verdict).
+    """
     if tensor in plan.swapped():
         raise PlanError(f"tensor {tensor!r} is already swapped")
     op_name, port = split_tensor(tensor)
     if op_name not in graph.index:
         raise PlanError(f"unknown tensor {tensor!r}")
     i = graph.index[op_name]
-    lv = order(graph).levels
+    ordering = order(graph)
+    if port >= len(graph.ops[i].outputs):
+        raise PlanError(f"unknown tensor {tensor!r}")
+    reason = swap_refusal(graph, ordering, resolve(graph, 1), i, port)
+    if reason:
+        raise PlanError(f"tensor {tensor!r} cannot be swapped: {reason}")
+    lv = ordering.levels
     readers = graph.adjacency.consumers.get((i, port), ())
     far = [graph.ops[c].name for c in dict.fromkeys(readers) if lv[c] - lv[i] > threshold]
     if not far:

@@ -372,6 +372,19 @@ def test_hand_made_plans_are_refused_exactly_when_invalid(g, data):
               f"{sum(grp.trigger is not None for grp in groups)} triggered")
 
 
+def _unswappable(g, tensor: str) -> str:
+    """Why ``tensor`` is not swappable (lmscore.plan.swap_refusal), "" if it is."""
+    from lmscore.order import order
+    from lmscore.plan import swap_refusal
+    from lmscore.shapes import resolve
+
+    name, _, port = tensor.rpartition(":")
+    i = g.index.get(name)
+    if i is None or int(port) >= len(g.ops[i].outputs):
+        return "unknown tensor"
+    return swap_refusal(g, order(g), resolve(g, 1), i, int(port))
+
+
 @settings(max_examples=100, deadline=None)
 @given(dags(known=True), st.data())
 def test_hand_edits_keep_plans_valid(g, data):
@@ -394,6 +407,7 @@ def test_hand_edits_keep_plans_valid(g, data):
                 new = add_swap(g, plan, tensor, threshold=threshold, ahead=ahead,
                                groupby=groupby, window=window)
                 (s,) = [s for s in new.swaps if s.tensor == tensor]
+                assert not _unswappable(g, tensor)
                 served = sorted(c for grp in s.swap_ins for c in grp.consumers)
                 assert served == sorted(far_readers(g, tensor, threshold))
                 assert new.swaps[:-1] == plan.swaps
@@ -425,7 +439,8 @@ def test_hand_edits_keep_plans_valid(g, data):
             event(f"{edit}: refused")
             assert isinstance(e, PlanError) and one_line(e), repr(e)
             if edit == "add":  # find_trigger's triggers are always valid
-                assert tensor in plan.swapped() or not far_readers(g, tensor, threshold)
+                assert (tensor in plan.swapped() or not far_readers(g, tensor, threshold)
+                        or _unswappable(g, tensor)), (tensor, e)
             if intended is not None:
                 assert refusal(g, intended) is not None, (intended, e)
             continue
