@@ -625,8 +625,8 @@ def _result(graph, batch, plan, fits, budget, memory, base, sim, base_seconds, s
     overhead = max(0.0, seconds / base_seconds - 1) if base_seconds else 0.0
     if fits and not plan.swaps:
         need = format_bytes(base.worst_peak_bytes - base.persistent_bytes)
-        race = (f"; {format_bytes(base.race_bytes)} of it for loop iterations run ahead"
-                if base.race_bytes else "")
+        race = (f", plus {format_bytes(base.race_bytes)} if its loops run their whole "
+                "parallel_iterations window ahead" if base.race_bytes else "")
         message = (f"fits without swapping: the step needs {need} of "
                    f"{format_bytes(budget)} (device peak {format_bytes(base.peak_bytes)}{race})")
     elif fits:
