@@ -8,7 +8,8 @@ the original graph's levels, and the one "fits" (:func:`lmscore.memory.fits`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,19 +33,32 @@ class PlanEvaluation:
     before, after : Simulation
         The step unmodified and rewritten (``after`` is ``before`` for a plan that
         changes nothing).
-    device_curve, host_curve : tuple of int
-        ``after``'s curves drawn over the original graph's levels
-        (:func:`project_to_original_levels`).
     swap_bytes : int
         Bytes the plan moves to host memory.
+    graph : Graph
+        The original step.
     """
 
     rewrite: Rewrite
     before: Simulation
     after: Simulation
-    device_curve: tuple[int, ...]
-    host_curve: tuple[int, ...]
     swap_bytes: int
+    graph: Graph = field(repr=False, compare=False)
+
+    @functools.cached_property
+    def _curves(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        # drawn only for those who show them (the web app), not for every tuner check
+        return project_to_original_levels(self.graph, self.rewrite, self.after)
+
+    @property
+    def device_curve(self) -> tuple[int, ...]:
+        """``after``'s device curve over the original levels: :func:`project_to_original_levels`."""
+        return self._curves[0]
+
+    @property
+    def host_curve(self) -> tuple[int, ...]:
+        """``after``'s host curve over the original graph's levels."""
+        return self._curves[1]
 
     @property
     def plan(self) -> Plan:
@@ -94,9 +108,8 @@ def evaluate_plan(
     else:
         after = simulate(rw.graph, batch_size, workspace=workspace,
                          sizes=extend_sizes(sizes, rw.graph) if sizes is not None else None)
-    device, host = project_to_original_levels(graph, rw, after)
     swap_bytes = sum(b.bytes for b in after.buffers if b.host)
-    return PlanEvaluation(rw, before, after, device, host, swap_bytes)
+    return PlanEvaluation(rw, before, after, swap_bytes, graph)
 
 
 def project_to_original_levels(

@@ -1013,10 +1013,11 @@ def _body_cost(
     sizes = dataclasses.replace(sizes, nbytes=tuple(nbytes))
     try:
         sim = _simulate(g, batch_size, sizes, is_host_op, workspace, depth + 1)
-        buffers = _buffers(g, order(g), sizes, is_host_op)[0]
     except (GraphError, ValueError, KeyError):
         return _BodyCost()
-    ahead, since, early = _run_ahead(body, buffers, arrivals)
+    # the body's own buffers: kernel workspaces and a nested loop's results are not read
+    # across the early/late boundary
+    ahead, since, early = _run_ahead(body, list(sim.buffers), arrivals)
     return _BodyCost(max(sim.transient_peak_bytes, 0), ahead, since, early)
 
 
