@@ -861,11 +861,13 @@ def add_swap(
     ahead: int = 1,
     groupby: int = 5,
     window: int = DEFAULT_TRIGGER_WINDOW,
+    sizes: Sizes | None = None,
 ) -> Plan:
     """The plan with ``tensor`` swapped for its consumers beyond ``threshold`` levels.
 
     The tensor must be swappable (:func:`swap_refusal`, the test the planners and the
-    hotspot table apply; sizes are read at batch size 1, which decides no verdict).
+    hotspot table apply), judged on ``sizes`` if the caller has them resolved, else at
+    batch size 1 (the batch size decides no verdict).
     """
     if tensor in plan.swapped():
         raise PlanError(f"tensor {tensor!r} is already swapped")
@@ -876,7 +878,7 @@ def add_swap(
     ordering = order(graph)
     if port >= len(graph.ops[i].outputs):
         raise PlanError(f"unknown tensor {tensor!r}")
-    reason = swap_refusal(graph, ordering, resolve(graph, 1), i, port)
+    reason = swap_refusal(graph, ordering, sizes or resolve(graph, 1), i, port)
     if reason:
         raise PlanError(f"tensor {tensor!r} cannot be swapped: {reason}")
     lv = ordering.levels

@@ -438,7 +438,8 @@ def toggle_swap(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, 
             # a hand toggle moves the tensor off the device for every consumer that is not
             # adjacent to it (what the table calls swappable); ahead and groupby are the knobs'
             new = add_swap(loaded.graph, plan, tensor, threshold=1,
-                           ahead=int(knobs.get("ahead", 1)), groupby=int(knobs.get("groupby", 5)))
+                           ahead=int(knobs.get("ahead", 1)), groupby=int(knobs.get("groupby", 5)),
+                           sizes=base.sizes)
             verb = "swapped"
     except LmsError as e:
         return refuse(f"edit refused: {e}")
