@@ -178,9 +178,11 @@ def inspect_report(
     """The ``lms inspect --json`` object for ``graph`` at ``batch_size``."""
     from .memory import hotspots, simulate
     from .order import CATEGORIES, order
+    from .shapes import resolve
 
     ordering = order(graph)
-    sim = simulate(graph, batch_size, workspace=workspace)
+    sizes = resolve(graph, batch_size)
+    sim = simulate(graph, batch_size, sizes=sizes, workspace=workspace)
     counts = {c: 0 for c in CATEGORIES}
     for c in ordering.categories:
         counts[c] += 1
@@ -212,7 +214,7 @@ def inspect_report(
                 "swappable": h.swappable,
                 "reason": h.reason,
             }
-            for h in hotspots(graph, sim, limit=top)
+            for h in hotspots(graph, sim, limit=top, sizes=sizes)
         ],
     }
 
