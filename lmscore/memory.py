@@ -909,7 +909,8 @@ def _ahead_iterations(
     schedule = ordering.schedule
     pos = ordering.position
     gap = schedule[cost.ahead_from: late_from + 1]
-    after = {schedule[cost.ahead_from]}
+    start = gap[0]  # the producer of the early part's last input
+    after = {start}
     for q in gap[1:]:
         if any(p in after for p in adj.preds[q]):
             after.add(q)
@@ -918,7 +919,7 @@ def _ahead_iterations(
         if any(c in before for c in adj.succs[q]):
             before.add(q)
     dispatched = 0
-    for q in sorted(after & before, key=pos.__getitem__)[1:]:
+    for q in sorted((after & before) - {start}, key=pos.__getitem__):
         if not ordering.needed[q]:
             continue
         dispatched += 1
