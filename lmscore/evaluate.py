@@ -103,7 +103,7 @@ def evaluate_plan(
     if before is None:
         before = simulate(graph, batch_size, sizes=sizes, workspace=workspace)
     rw = rewrite(graph, plan)
-    if not (rw.plan.swaps or rw.plan.serialize or rw.plan.pin_schedule):
+    if rw.plan.changes_nothing():
         after = before  # the rewrite adds nothing
     else:
         after = simulate(rw.graph, batch_size, workspace=workspace,
@@ -120,7 +120,8 @@ def project_to_original_levels(
     A rewrite moves ops to later levels, so its curves have their own x-axis. Each op of
     the original graph is placed at its original level with the memory of the level it
     runs at after the rewrite (the largest such value per original level); a swap-out
-    counts at its producer's level, a swap-in at its first consumer's.
+    counts at its producer's level, a swap-in and a recomputing clone at the level of the
+    first consumer they serve.
     """
     lv0 = order(graph).levels
     lv1 = order(rw.graph).levels
@@ -130,6 +131,7 @@ def project_to_original_levels(
     new_level = np.empty(len(rw.graph.ops), dtype=np.int64)
     old_level = np.empty(len(rw.graph.ops), dtype=np.int64)
     consumers = rw.graph.adjacency.consumers
+    recomputed_for = {r.tensor: r.consumers for r in rw.plan.recomputes}
     for j, op in enumerate(rw.graph.ops):
         new_level[j] = lv1[j]
         i = index0.get(op.name)
@@ -137,6 +139,10 @@ def project_to_original_levels(
             old_level[j] = lv0[i]
             continue
         producer = index0[split_tensor(str(op.attrs.get("_lms_tensor", op.inputs[0])))[0]]
+        if "_lms_clone_of" in op.attrs:  # a clone runs for the recomputed tensor's readers
+            readers = [index0[c] for c in recomputed_for[str(op.attrs["_lms_tensor"])]]
+            old_level[j] = min(lv0[c] for c in readers)
+            continue
         readers = [index0[rw.graph.ops[c].name] for c in consumers.get((j, 0), ())
                    if rw.graph.ops[c].name in index0]
         old_level[j] = min((lv0[c] for c in readers), default=lv0[producer]) if (

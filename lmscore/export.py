@@ -17,6 +17,9 @@ and adds control inputs). Swap ops (``_lms_role``) become real nodes:
     instead (swap-outs on ``/device:CPU:1``, swap-ins on ``/device:CPU:0``), which
     allocate a real copy. Every other node runs on CPU:0.
 
+A recomputing clone is its original's ``NodeDef`` under its own name, with its inputs
+from the IR and ``_lms_clone_of``/``_lms_tensor`` markers.
+
 Every swap node carries ``_output_shapes``, the ``_lms_role``/``_lms_tensor`` (and
 ``_lms_group``) markers as attributes, and ``_grappler_do_not_remove = true``: Grappler puts
 nodes with that attribute in the set of nodes to preserve, which every optimizer honours.
@@ -150,7 +153,7 @@ def _graphdef(graph: Graph, mode: str, device: str, host: str) -> Any:
         if role:
             node = _swap_node(graph, op, role, mode, device, host)
         else:
-            original = originals.get(op.name)
+            original = originals.get(str(op.attrs.get("_lms_clone_of", op.name)))
             if original is None:
                 raise GraphError(
                     f"{graph.source}: op {op.name!r} ({op.type}) is neither in the source "
@@ -163,6 +166,10 @@ def _graphdef(graph: Graph, mode: str, device: str, host: str) -> Any:
                 )
             node = node_def_pb2.NodeDef()
             node.CopyFrom(original)
+            if "_lms_clone_of" in op.attrs:  # a recomputing clone: its original, renamed
+                node.name = op.name
+                for key in ("_lms_clone_of", "_lms_tensor"):
+                    node.attr[key].s = str(op.attrs[key]).encode()
             node.device = op.device if mode == "gpu" else _emulated_device(op.device)
         del node.input[:]
         node.input.extend(_input_name(t) for t in op.inputs)

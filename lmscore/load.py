@@ -352,7 +352,7 @@ def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None) ->
     """Decode the few attributes analyses use; everything else stays in the source file."""
     attr = node.attr
     out: dict[str, Any] = {}
-    for key in ("_lms_role", "_lms_tensor"):  # swap ops of an exported rewrite
+    for key in ("_lms_role", "_lms_tensor", "_lms_clone_of"):  # an exported rewrite's ops
         if key in attr:
             out[key] = attr[key].s.decode("utf-8", "replace")
     if node.op in ("Identity", "DeepCopy"):

@@ -1,11 +1,15 @@
-"""Swap plans: the explicit list of rewrite decisions, as versioned JSON.
+"""Plans: the explicit list of rewrite decisions, as versioned JSON.
 
-A :class:`Plan` says, for each swapped tensor, which consumers read it back from the host
-and in which groups (one swap-in per group), which op triggers each swap-in (or that it
-is synchronous), the sync mode and the serialized levels. Plans come from the TFLMS
-knobs (:func:`plan_from_params`), from the tuner, or from hand edits (:func:`add_swap`,
-:func:`remove_swap`, :func:`regroup`, :func:`move_trigger`); :func:`lmscore.rewrite.rewrite`
-applies any of them, so every path is one path.
+A :class:`Plan` makes one decision per tensor it names; a tensor it does not name is kept.
+A swapped tensor (:class:`Swap`) is read back from the host by its far consumers, in
+groups (one swap-in per group), each swap-in started by a trigger op (or synchronous). A
+recomputed tensor (:class:`Recompute`) is computed a second time for its far consumers,
+by clones of the ops that made it, which start after a trigger op. The plan also holds
+the sync mode and the serialized levels. Plans come from the TFLMS knobs
+(:func:`plan_from_params`), from the planners of :mod:`lmscore.tune`, or from hand edits
+(:func:`add_swap`, :func:`remove_swap`, :func:`regroup`, :func:`move_trigger`,
+:func:`add_recompute`, :func:`remove_recompute`); :func:`lmscore.rewrite.rewrite` applies
+any of them, so every path is one path. Version 1 plans (swaps only) still load.
 
 Candidate selection is a conjunction of small predicates (accelerator op, not state or
 feed, rank >= 2, known size, a consumer beyond the threshold, scope and type filters).
@@ -24,11 +28,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import ConfigError, PlanError
-from .ir import Graph, split_tensor
+from .ir import Graph, op_signatures, split_tensor
 from .order import BACKWARD, FORWARD, Ordering, order
 from .shapes import Sizes, resolve
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
+#: Plan versions :func:`plan_from_json` reads (version 1 has no recomputes).
+PLAN_VERSIONS = (1, 2)
 SYNC_MODES = {0: "none", 1: "swap-outs", 2: "swap-ins", 3: "both"}
 #: Levels searched around ``first consumer - ahead`` for a trigger.
 DEFAULT_TRIGGER_WINDOW = 10
@@ -68,6 +74,32 @@ class Swap:
 
 
 @dataclass(frozen=True)
+class Recompute:
+    """A recomputed tensor: clones of the ops that made it serve its far consumers.
+
+    Attributes
+    ----------
+    tensor : str
+        ``"op:port"``.
+    ops : tuple of str
+        The ops cloned, in a topological order: the tensor's producer and those of its
+        ancestors whose outputs are recomputed too. Inputs from outside ``ops`` are read
+        from the original tensors, which stay alive until the clones have run.
+    consumers : tuple of str
+        The ops that read the recomputed tensor instead of the original.
+    trigger : str
+        Op after which the clones may run (a control edge into every clone that reads no
+        other clone): TensorFlow runs an op as soon as its inputs are ready, and without
+        it the clones would run next to the originals.
+    """
+
+    tensor: str
+    ops: tuple[str, ...]
+    consumers: tuple[str, ...]
+    trigger: str
+
+
+@dataclass(frozen=True)
 class Plan:
     """The decisions of a rewrite.
 
@@ -76,6 +108,7 @@ class Plan:
     graph : str
         Fingerprint of the graph the plan was made for (:func:`fingerprint`).
     swaps : tuple of Swap
+    recomputes : tuple of Recompute
     sync_mode : int
         0 none, 1 swap-outs synchronous, 2 swap-ins synchronous, 3 both.
     serialize : tuple of int
@@ -98,10 +131,19 @@ class Plan:
     params: dict[str, Any] = field(default_factory=dict)
     version: int = PLAN_VERSION
     pin_schedule: bool = False
+    recomputes: tuple[Recompute, ...] = ()
 
     def swapped(self) -> tuple[str, ...]:
         """Names of the swapped tensors."""
         return tuple(s.tensor for s in self.swaps)
+
+    def recomputed(self) -> tuple[str, ...]:
+        """Names of the recomputed tensors."""
+        return tuple(r.tensor for r in self.recomputes)
+
+    def changes_nothing(self) -> bool:
+        """Whether the rewrite of this plan is the step itself."""
+        return not (self.swaps or self.recomputes or self.serialize or self.pin_schedule)
 
     def to_json(self) -> str:
         """Serialize to the versioned JSON format (stable key order)."""
@@ -124,6 +166,12 @@ class Plan:
         }
         if self.pin_schedule:  # written only when set: older plans keep their bytes
             doc["pin_schedule"] = True
+        if self.version >= 2:
+            doc["recomputes"] = [
+                {"tensor": r.tensor, "ops": list(r.ops), "consumers": list(r.consumers),
+                 "trigger": r.trigger}
+                for r in self.recomputes
+            ]
         return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
@@ -163,9 +211,9 @@ def plan_from_json(text: str, source: str = "<plan>") -> Plan:
     if not isinstance(doc, dict):
         raise PlanError(f"{source}: a plan is a JSON object")
     version = doc.get("version")
-    if version != PLAN_VERSION:
+    if type(version) is not int or version not in PLAN_VERSIONS:
         raise PlanError(f"{source}: plan version {_short(version)} is not supported (expected "
-                        f"{PLAN_VERSION})")
+                        f"{' or '.join(map(str, PLAN_VERSIONS))})")
     graph = _field(doc, "graph", str, source)
     sync = doc.get("sync_mode", 0)
     if not isinstance(sync, int) or sync not in SYNC_MODES:  # lists and dicts are unhashable
@@ -198,7 +246,27 @@ def plan_from_json(text: str, source: str = "<plan>") -> Plan:
                 raise PlanError(f"{gw}.trigger must be an op name or null")
             groups.append(SwapIn(tuple(consumers), trigger))
         swaps.append(Swap(tensor, tuple(groups)))
-    return Plan(graph, tuple(swaps), sync, tuple(serialize), params, version, pin)
+    if version < 2 and "recomputes" in doc:
+        raise PlanError(f"{source}: recomputes need plan version 2")
+    recomputes = []
+    listed = doc.get("recomputes", [])
+    if not isinstance(listed, list):
+        raise PlanError(f"{source}: field 'recomputes' must be a list")
+    for k, r in enumerate(listed):
+        where = f"{source}: recomputes[{k}]"
+        if not isinstance(r, dict):
+            raise PlanError(f"{where} must be an object")
+        tensor = _field(r, "tensor", str, where)
+        names = {}
+        for key in ("ops", "consumers"):
+            value = _field(r, key, list, where)
+            if not value or not all(isinstance(c, str) for c in value):
+                raise PlanError(f"{where}.{key} must be a non-empty list of op names")
+            names[key] = tuple(value)
+        trigger = _field(r, "trigger", str, where)
+        recomputes.append(Recompute(tensor, names["ops"], names["consumers"], trigger))
+    return Plan(graph, tuple(swaps), sync, tuple(serialize), params, version, pin,
+                tuple(recomputes))
 
 
 def _short(value: Any) -> str:
@@ -768,8 +836,10 @@ def check_plan(graph: Graph, plan: Plan) -> None:
         a consumer that does not read the tensor, a consumer served twice, a trigger that
         cannot reach its first consumer or runs before the producer, a level out of range.
     """
-    if plan.version != PLAN_VERSION:
+    if plan.version not in PLAN_VERSIONS:
         raise PlanError(f"plan version {plan.version} is not supported")
+    if plan.version < 2 and plan.recomputes:
+        raise PlanError("recomputes need plan version 2")
     if plan.graph != fingerprint(graph):
         raise PlanError(f"the plan was made for another graph (fingerprint {plan.graph}, "
                         f"{graph.source} has {fingerprint(graph)})")
@@ -810,9 +880,67 @@ def check_plan(graph: Graph, plan: Plan) -> None:
                 problem = _trigger_problem(graph, lv, producer, g)
                 if problem:
                     raise PlanError(f"swap of {s.tensor!r}: {problem}")
+    for r in plan.recomputes:
+        _check_recompute(graph, ordering, r, seen_tensors)
     for level in plan.serialize:
         if not 0 <= level < ordering.num_levels:
             raise PlanError(f"serialize: level {level} is outside 0..{ordering.num_levels - 1}")
+
+
+def _check_recompute(graph: Graph, ordering: Ordering, r: Recompute, seen: set[str]) -> None:
+    """Raise :class:`PlanError` naming what makes ``r`` impossible (see :func:`check_plan`)."""
+    idx = graph.index
+    op_name, port = split_tensor(r.tensor)
+    what = f"recompute of {r.tensor!r}"
+    if r.tensor != f"{op_name}:{port}":
+        raise PlanError(f"{what}: name the tensor as op:port ({op_name + ':' + str(port)!r})")
+    if op_name not in idx or port >= len(graph.ops[idx[op_name]].outputs):
+        raise PlanError(f"recompute of unknown tensor {r.tensor!r}")
+    if r.tensor in seen:
+        raise PlanError(f"tensor {r.tensor!r} is swapped or recomputed twice")
+    seen.add(r.tensor)
+    if op_name not in r.ops:
+        raise PlanError(f"{what}: its producer {op_name!r} is not among the ops recomputed")
+    if len(set(r.ops)) != len(r.ops):
+        raise PlanError(f"{what}: an op is listed twice")
+    for name in r.ops:
+        if name not in idx:
+            raise PlanError(f"{what}: unknown op {name!r}")
+        reason = recompute_refusal(graph, ordering, idx[name])
+        if reason:
+            raise PlanError(f"{what}: op {name!r} cannot be recomputed: {reason}")
+    adj = graph.adjacency
+    members = {idx[n] for n in r.ops}
+    position = {idx[n]: k for k, n in enumerate(r.ops)}
+    reached = {idx[op_name]}
+    stack = [idx[op_name]]
+    while stack:
+        i = stack.pop()
+        for p, _ in adj.data_in[i]:
+            if p in members:
+                if position[p] > position[i]:
+                    raise PlanError(f"{what}: {graph.ops[p].name!r} is listed after "
+                                    f"{graph.ops[i].name!r}, which reads it")
+                if p not in reached:
+                    reached.add(p)
+                    stack.append(p)
+    stray = [graph.ops[i].name for i in members - reached]
+    if stray:
+        raise PlanError(f"{what}: {stray[0]!r} does not lead to the tensor")
+    readers = set(adj.consumers.get((idx[op_name], port), ()))
+    if len(set(r.consumers)) != len(r.consumers):
+        raise PlanError(f"{what}: a consumer is listed twice")
+    for c in r.consumers:
+        if c not in idx:
+            raise PlanError(f"{what}: unknown consumer {c!r}")
+        if idx[c] not in readers:
+            raise PlanError(f"{what}: {c!r} does not read it")
+    if r.trigger not in idx:
+        raise PlanError(f"{what}: unknown trigger {r.trigger!r}")
+    problem = _trigger_problem(graph, ordering.levels, idx[op_name],
+                               SwapIn(r.consumers, r.trigger))
+    if problem:
+        raise PlanError(f"{what}: {problem}")
 
 
 def _trigger_problem(graph: Graph, lv: Sequence[int], producer: int, group: SwapIn) -> str:
@@ -869,8 +997,9 @@ def add_swap(
     hotspot table apply), judged on ``sizes`` if the caller has them resolved, else at
     batch size 1 (the batch size decides no verdict).
     """
-    if tensor in plan.swapped():
-        raise PlanError(f"tensor {tensor!r} is already swapped")
+    if tensor in plan.swapped() or tensor in plan.recomputed():
+        raise PlanError(f"tensor {tensor!r} is already "
+                        f"{'swapped' if tensor in plan.swapped() else 'recomputed'}")
     op_name, port = split_tensor(tensor)
     if op_name not in graph.index:
         raise PlanError(f"unknown tensor {tensor!r}")
@@ -944,6 +1073,92 @@ def _swap_of(plan: Plan, tensor: str) -> Swap:
         if s.tensor == tensor:
             return s
     raise PlanError(f"tensor {tensor!r} is not swapped by this plan")
+
+
+#: Ops that call functions (loops, conditionals, calls): their clones would run the whole
+#: function again, and the simulator sizes a function's body once, where it was called.
+_CALLS = frozenset({
+    "While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
+    "PartitionedCall", "StatefulPartitionedCall",
+})
+_HANDLES = frozenset({"resource", "variant"})
+
+
+def recompute_refusal(graph: Graph, ordering: Ordering, i: int) -> str:
+    """Why op ``i`` is never recomputed ("" if it may be): the one definition.
+
+    Only forward ops are recomputed, and only those whose clone provably computes the same
+    values: no stateful op (a variable read may see a newer value, a stateful random op
+    draws new numbers; a stateless random op such as Keras' ``Dropout`` mask reads its
+    seed as a tensor, so its clone, reading the same seed, draws the same mask), no
+    function call, nothing that reads or makes a resource or a variant (tensor lists).
+    """
+    op = graph.ops[i]
+    if op.attrs.get("_lms_role"):
+        return f"a {str(op.attrs['_lms_role']).replace('_', '-')} op"
+    if ordering.categories[i] != FORWARD:
+        return f"{ordering.categories[i]} op"
+    if op.type in _CALLS:
+        return "a loop or function call"
+    sig = op_signatures().get(op.type)
+    if sig is None:
+        return f"unknown op type {op.type}"
+    if sig["stateful"]:
+        return "stateful (its clone would not reproduce its values)"
+    dtypes = [graph.ops[p].outputs[q].dtype for p, q in graph.adjacency.data_in[i]]
+    if any(d.removesuffix("_ref") in _HANDLES for d in dtypes) or any(
+            o.dtype.removesuffix("_ref") in _HANDLES for o in op.outputs):
+        return "reads or makes a resource or variant"
+    return ""
+
+
+def remove_recompute(plan: Plan, tensor: str) -> Plan:
+    """The plan without the recomputation of ``tensor``."""
+    if tensor not in plan.recomputed():
+        raise PlanError(f"tensor {tensor!r} is not recomputed by this plan")
+    return replace(plan, recomputes=tuple(r for r in plan.recomputes if r.tensor != tensor))
+
+
+def add_recompute(
+    graph: Graph,
+    plan: Plan,
+    tensor: str,
+    *,
+    threshold: int = 1,
+    ahead: int = 1,
+    window: int = DEFAULT_TRIGGER_WINDOW,
+) -> Plan:
+    """The plan with ``tensor`` recomputed by a clone of its producer for its far readers.
+
+    The far readers are those more than ``threshold`` levels after the producer; the clone
+    reads the producer's own inputs and starts after a trigger about ``ahead`` levels
+    before the first of them (:func:`find_trigger`).
+    """
+    if tensor in plan.swapped() or tensor in plan.recomputed():
+        raise PlanError(f"tensor {tensor!r} is already "
+                        f"{'swapped' if tensor in plan.swapped() else 'recomputed'}")
+    op_name, port = split_tensor(tensor)
+    if op_name not in graph.index or port >= len(graph.ops[graph.index[op_name]].outputs):
+        raise PlanError(f"unknown tensor {tensor!r}")
+    i = graph.index[op_name]
+    ordering = order(graph)
+    reason = recompute_refusal(graph, ordering, i)
+    if reason:
+        raise PlanError(f"tensor {tensor!r} cannot be recomputed: {reason}")
+    lv = ordering.levels
+    readers = graph.adjacency.consumers.get((i, port), ())
+    far = tuple(graph.ops[c].name for c in dict.fromkeys(readers) if lv[c] - lv[i] > threshold)
+    if not far:
+        raise PlanError(f"tensor {tensor!r} has no consumer more than {threshold} level(s) "
+                        "after it: nothing to recompute")
+    trigger = find_trigger(graph, tensor, far, ahead, window)
+    if trigger is None:
+        raise PlanError(f"tensor {tensor!r}: no op within {window} levels before its first far "
+                        "consumer can start its recomputation")
+    new = replace(plan, version=max(plan.version, 2),
+                  recomputes=plan.recomputes + (Recompute(tensor, (op_name,), far, trigger),))
+    check_plan(graph, new)
+    return new
 
 
 def empty_plan(graph: Graph) -> Plan:

@@ -14,8 +14,20 @@ the trigger (compute waits for the copy in); mode 3 both. Serialization chains t
 each chosen level: ``o1 ..ctl..> o2 ..ctl..> o3``.
 
 Swap ops are ``Identity`` ops marked ``_lms_role`` (``swap_out``/``swap_in``); export turns
-them into host/accelerator placements (or real copies on the emulated accelerator). Names
-are deterministic. A swap whose edges would make a cycle is skipped and reported.
+them into host/accelerator placements (or real copies on the emulated accelerator).
+
+A recomputed tensor ``t = p:0``, made by ``q -> p`` from a kept ``x``, read near by ``a``
+and far by ``c``::
+
+    before:   x -> q -> p --t--> a         after:   x -> q -> p --t--> a
+                        p --t--> c                  x -> lms/recompute_p_0/q
+                                                          -> lms/recompute_p_0/p --> c
+                                                    trigger ..ctl..> lms/recompute_p_0/q
+
+Clones are copies of their originals (same type and attributes, marked ``_lms_clone_of``)
+that read clones of the ops recomputed with them and the original tensors otherwise.
+
+Names are deterministic. A swap whose edges would make a cycle is skipped and reported.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from .order import BACKWARD, FORWARD, SHAPE_ONLY_OPS, UPDATE, order
 from .plan import Plan, Swap, check_plan, control_safe
 
 SWAP_OUT, SWAP_IN = "swap_out", "swap_in"
+RECOMPUTE = "recompute"  # a role in the list of added ops only: clones are ordinary ops
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,8 @@ class Rewrite:
         Names of the added ops.
     synchronous : tuple of str
         Swap-ins without a trigger.
+    clones : tuple of str
+        Names of the recomputing ops added.
     skipped : tuple of (str, str)
         ``(tensor, reason)`` for swaps that could not be placed.
     """
@@ -55,6 +70,7 @@ class Rewrite:
     swap_ins: tuple[str, ...]
     synchronous: tuple[str, ...]
     skipped: tuple[tuple[str, str], ...]
+    clones: tuple[str, ...] = ()
 
 
 def swap_names(tensor: str, groups: int) -> tuple[str, list[str]]:
@@ -63,8 +79,22 @@ def swap_names(tensor: str, groups: int) -> tuple[str, list[str]]:
     >>> swap_names("block1/conv:0", 2)
     ('lms/swapout_block1/conv_0', ['lms/swapin_block1/conv_0_0', 'lms/swapin_block1/conv_0_1'])
     """
-    base = re.sub(r"[^A-Za-z0-9_./-]", "_", tensor.replace(":", "_"))
+    base = _base(tensor)
     return f"lms/swapout_{base}", [f"lms/swapin_{base}_{k}" for k in range(groups)]
+
+
+def recompute_names(tensor: str, ops: tuple[str, ...]) -> dict[str, str]:
+    """Deterministic names of the clones that recompute ``tensor``, by original op.
+
+    >>> recompute_names("block1/relu:0", ("block1/conv", "block1/relu"))["block1/conv"]
+    'lms/recompute_block1/relu_0/block1/conv'
+    """
+    base = _base(tensor)
+    return {op: f"lms/recompute_{base}/{op}" for op in ops}
+
+
+def _base(tensor: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_./-]", "_", tensor.replace(":", "_"))
 
 
 def rewrite(graph: Graph, plan: Plan) -> Rewrite:
@@ -105,7 +135,7 @@ def rewrite(graph: Graph, plan: Plan) -> Rewrite:
         kept = tuple(kept_list)
         new, added = _apply(graph, plan, kept)
         lint(new)
-    _check_rewired(new, kept)
+    _check_rewired(new, plan, kept)
     outs = tuple(n for n, role in added if role == SWAP_OUT)
     ins = tuple(n for n, role in added if role == SWAP_IN)
     sync = tuple(
@@ -113,7 +143,8 @@ def rewrite(graph: Graph, plan: Plan) -> Rewrite:
         for name, g in zip(swap_names(s.tensor, len(s.swap_ins))[1], s.swap_ins, strict=True)
         if g.trigger is None
     )
-    return Rewrite(new, replace(plan, swaps=kept), outs, ins, sync, tuple(skipped))
+    clones = tuple(n for n, role in added if role == RECOMPUTE)
+    return Rewrite(new, replace(plan, swaps=kept), outs, ins, sync, tuple(skipped), clones)
 
 
 def _apply(
@@ -165,6 +196,31 @@ def _apply(
                     extra_ctl.setdefault(succ_name, []).append(out_name)
         else:
             releases.append((out_name, s.tensor))
+    for r in plan.recomputes:
+        names = recompute_names(r.tensor, r.ops)
+        names = {o: _unique(n, ops) for o, n in names.items()}
+        cloned = set(r.ops)
+        for o in r.ops:
+            src = graph.ops[graph.index[o]]  # the original, whatever was rewired since
+            inputs = tuple(
+                f"{names[p]}:{port}" if p in cloned else t
+                for t in src.inputs for p, port in (split_tensor(t),)
+            )
+            roots = () if any(split_tensor(t)[0] in cloned for t in src.inputs) else (
+                r.trigger,)
+            ops[names[o]] = replace(
+                src, name=names[o], inputs=inputs,
+                control_inputs=tuple(dict.fromkeys((*src.control_inputs, *roots))),
+                attrs={**src.attrs, "_lms_clone_of": o, "_lms_tensor": r.tensor},
+            )
+            order_names.append(names[o])
+            added.append((names[o], RECOMPUTE))
+        producer, port = split_tensor(r.tensor)
+        for c in r.consumers:
+            op = ops[c]
+            ops[c] = replace(op, inputs=tuple(
+                f"{names[producer]}:{port}" if t == r.tensor else t for t in op.inputs
+            ))
     if plan.serialize:
         ordering = order(graph)
         for level in plan.serialize:
@@ -271,8 +327,8 @@ def _unique(name: str, ops: dict[str, Op]) -> str:
     return f"{name}_{k}"
 
 
-def _check_rewired(graph: Graph, swaps: tuple[Swap, ...]) -> None:
-    """No consumer served from the host still reads the original tensor."""
+def _check_rewired(graph: Graph, plan: Plan, swaps: tuple[Swap, ...]) -> None:
+    """No consumer served from the host or by a clone still reads the original tensor."""
     for s in swaps:
         for g in s.swap_ins:
             for c in g.consumers:
@@ -280,3 +336,7 @@ def _check_rewired(graph: Graph, swaps: tuple[Swap, ...]) -> None:
                     raise PlanError(
                         f"rewrite left {c!r} reading {s.tensor!r} without its swap-in"
                     )
+    for r in plan.recomputes:
+        for c in r.consumers:
+            if r.tensor in graph.op(c).inputs:
+                raise PlanError(f"rewrite left {c!r} reading {r.tensor!r}, not its clone")

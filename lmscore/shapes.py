@@ -167,9 +167,10 @@ def extend_sizes(sizes: Sizes, graph: Graph) -> Sizes:
     """The sizes of a rewrite of the graph ``sizes`` was resolved for, without resolving.
 
     :func:`lmscore.rewrite.rewrite` keeps the original ops at their indices and appends
-    swap-outs and swap-ins, identities of a tensor of the same shape; their sizes are
-    their input's. Equal to ``resolve(graph, sizes.batch_size)`` (a property test checks
-    it) at a fraction of the cost, which matters when a plan is edited interactively.
+    swap-outs and swap-ins, identities of a tensor of the same shape, whose sizes are their
+    input's, and recomputing clones, whose sizes are their original's. Equal to
+    ``resolve(graph, sizes.batch_size)`` (a property test checks it) at a fraction of the
+    cost, which matters when a plan is edited interactively.
 
     Parameters
     ----------
@@ -185,8 +186,8 @@ def extend_sizes(sizes: Sizes, graph: Graph) -> Sizes:
     Raises
     ------
     ValueError
-        If ``graph`` has fewer ops than ``sizes`` or an added op is not a one-input
-        ``Identity``.
+        If ``graph`` has fewer ops than ``sizes`` or an added op is neither a one-input
+        ``Identity`` nor a clone.
     """
     n = len(sizes.shapes)
     if len(graph.ops) < n:
@@ -196,8 +197,17 @@ def extend_sizes(sizes: Sizes, graph: Graph) -> Sizes:
     unknown = list(sizes.unknown)
     values = dict(sizes.values)
     data_in = graph.adjacency.data_in
+    index = graph.index
     for i in range(n, len(graph.ops)):
         op = graph.ops[i]
+        clone_of = op.attrs.get("_lms_clone_of")
+        if clone_of is not None and index.get(str(clone_of), n) < n:
+            src = index[str(clone_of)]  # a recomputing clone: its original's outputs
+            shapes.append(shapes[src])
+            nbytes.append(nbytes[src])
+            unknown.extend(f"{op.name}:{k}" for k, b in enumerate(nbytes[src]) if b < 0)
+            values.update({(i, k): v for (j, k), v in sizes.values.items() if j == src})
+            continue
         if op.type != "Identity" or len(data_in[i]) != 1:
             raise ValueError(f"{graph.source}: added op {op.name!r} is not a one-input Identity")
         (src, port), = data_in[i]

@@ -152,7 +152,7 @@ def test_plan_json_round_trip(tmp_path):
     path = tmp_path / "plan.json"
     save_plan(plan, path)
     assert load_plan(path) == plan
-    assert json.loads(path.read_text())["version"] == 1
+    assert json.loads(path.read_text())["version"] == 2
 
 
 @pytest.mark.parametrize(
