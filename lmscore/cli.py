@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="V100", help="device preset: P100, V100, A100, H100")
     p.add_argument("--link", default="pcie3", help="host link preset: pcie3, pcie4, nvlink2")
     p.add_argument("--safety", type=float, default=0.9, help="usable fraction (0.9)")
-    p.add_argument("--strategy", choices=("default", "tflms"), default="default")
+    p.add_argument("--strategy", choices=("hybrid", "swap", "recompute", "knobs", "tflms",
+                                          "default"), default="hybrid")
     _workspace_arg(p)
     p.add_argument("--max-batch", action="store_true",
                    help="largest batch that fits without and with the tuned rewrite")
@@ -477,6 +478,7 @@ def tune_report(result: Any) -> dict[str, Any]:
         "predicted_step_seconds": result.predicted_step_seconds,
         "swapped_tensors": result.swapped_tensors,
         "swap_bytes": result.swap_bytes,
+        "recomputed_tensors": result.recomputed_tensors,
         "strategy": result.strategy,
         "knobs": result.knobs,
         "evaluations": result.evaluations,
@@ -516,7 +518,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         bar.close()
     if args.plot:
         _plot(graph, batch, result, args.plot, args.workspace)
-    if args.out and result.plan.swaps:
+    if args.out and not result.plan.changes_nothing():
         from .export import write_graphdef
 
         write_graphdef(rewrite(graph, result.plan).graph, args.out)
@@ -530,8 +532,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     print(f"  {result.message}")
     print(f"  budget for the step  {format_bytes(result.budget_bytes)} "
           f"(after {format_bytes(result.persistent_bytes)} persistent)")
-    if result.plan.swaps:
-        print(f"  knobs {result.knobs}, {result.evaluations} plans scored")
+    if not result.plan.changes_nothing():
+        print(f"  {result.strategy}: {result.knobs}, {result.evaluations} plans scored")
         print(f"  predicted step time  {result.baseline_step_seconds * 1e3:.1f} ms -> "
               f"{result.predicted_step_seconds * 1e3:.1f} ms "
               f"(+{result.predicted_overhead:.1%})")
@@ -544,7 +546,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                 for name, r in report["comparison"].items()]
         print(_table(["strategy", "fits", "peak", "swapped", "overhead", "note"], rows))
     for label, path in (("plan", args.plan_out), ("graph", args.out), ("plot", args.plot)):
-        if path and (label != "graph" or result.plan.swaps):
+        if path and (label != "graph" or not result.plan.changes_nothing()):
             print(f"  wrote {label} {path}")
     return 0 if result.fits else 1
 
@@ -553,7 +555,7 @@ def _compare(graph: Any, batch: int, budget: int, opts: dict, ours: Any, bar: An
     """Ours next to the TFLMS v2 search and TensorFlow's Grappler swapping heuristic."""
     from .tune import tune
 
-    out = {"default": {**tune_report(ours), "note": "time-model search"}}
+    out = {ours.strategy: {**tune_report(ours), "note": "time-model search"}}
     bar(0.96, "TFLMS v2 search")
     tflms = tune(graph, batch, budget, strategy="tflms", **opts)
     out["tflms"] = {**tune_report(tflms), "note": "greedy, memory only"}

@@ -8,9 +8,13 @@ Two strategies search the TFLMS v2 knobs:
 - ``tflms``: the original greedy search on memory only: nothing swapped if that fits;
   else the largest threshold that fits (binary search), escalating the sync mode when
   even threshold 1 does not fit; then the largest ``ahead``; then the largest ``groupby``.
-- ``default``: the same fitting region, searched with a time model; among the plans that
+- ``knobs``: the same fitting region, searched with a time model; among the plans that
   fit it keeps the one with the least predicted overhead, then drops the smallest swaps
   for as long as the plan still fits (each swap costs transfer time and may stall).
+
+Three plan per tensor (:mod:`lmscore.planners`, a MILP solved by HiGHS): ``swap``,
+``recompute``, and ``hybrid``, the default, which may do either for each tensor and keeps
+its plan or the ``knobs`` plan, whichever is predicted faster among those that fit.
 
 The time model: op time = max(FLOPs / peak FLOP/s, bytes / memory bandwidth) on a device
 preset, plus a launch cost; a transfer takes bytes / link bandwidth on one copy queue per
@@ -45,6 +49,7 @@ from .plan import (
     fingerprint,
     group_consumers,
 )
+from .planners import STRATEGIES, decisions, options, solve
 from .shapes import Sizes, resolve
 
 
@@ -83,6 +88,8 @@ LINKS: dict[str, Link] = {
 }
 
 Progress = Callable[[float, str], None]
+#: Strategies of :func:`tune`, the default first.
+STRATEGY_NAMES = ("hybrid", "swap", "recompute", "knobs", "tflms")
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,8 @@ class TuneResult:
     bound_op : str
         The op that sets that bound.
     knobs : dict
+        The knobs of a TFLMS plan; the size of the MILP of a per-tensor plan.
+    recomputed_tensors : int
     """
 
     plan: Plan
@@ -137,6 +146,7 @@ class TuneResult:
     min_peak_bytes: int
     bound_op: str
     knobs: dict = field(default_factory=dict)
+    recomputed_tensors: int = 0
 
 
 # --- Time model --------------------------------------------------------------------------
@@ -389,7 +399,7 @@ def tune(
     device: str = "V100",
     link: str = "pcie3",
     safety: float = 0.9,
-    strategy: str = "default",
+    strategy: str = "hybrid",
     workspace: str = "accelerator",
     progress: Progress | None = None,
     cancel: Callable[[], bool] | None = None,
@@ -408,7 +418,12 @@ def tune(
         A key of :data:`LINKS`.
     safety : float
         Fraction of the free device memory that may be used (0 < safety <= 1).
-    strategy : {"default", "tflms"}
+    strategy : {"hybrid", "swap", "recompute", "knobs", "tflms"}
+        ``hybrid`` (the default; ``"default"`` is the same) plans per tensor, swap or
+        recompute (:mod:`lmscore.planners`), and keeps that plan or the ``knobs`` one,
+        whichever is predicted faster among those that fit; ``swap`` and ``recompute``
+        plan per tensor with one kind of option only; ``knobs`` searches TFLMS's knobs
+        with the time model; ``tflms`` is TFLMS's own greedy search on memory.
     workspace : str
         Kernel workspace model of the simulator (:data:`lmscore.memory.WORKSPACES`):
         ``"accelerator"`` for a GPU, ``"cpu"`` for the emulated accelerator on this CPU.
@@ -430,8 +445,11 @@ def tune(
         raise ConfigError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
     if link not in LINKS:
         raise ConfigError(f"unknown link {link!r} (choose from {', '.join(LINKS)})")
-    if strategy not in ("default", "tflms"):
-        raise ConfigError(f"unknown strategy {strategy!r} (default or tflms)")
+    if strategy == "default":
+        strategy = "hybrid"
+    if strategy not in STRATEGY_NAMES:
+        raise ConfigError(f"unknown strategy {strategy!r} (choose from "
+                          f"{', '.join(STRATEGY_NAMES)})")
     if not 0 < safety <= 1:
         raise ConfigError(f"safety must be in (0, 1], got {safety}")
     dev = DEVICES[device]
@@ -463,6 +481,17 @@ def tune(
         return _result(graph, batch_size, empty, True, budget, memory, base, base,
                        base_seconds, base_seconds, strategy, ctx, min_peak, bound, {},
                        workspace)
+    if strategy in STRATEGIES:
+        per = _per_tensor(graph, batch_size, strategy, ctx, budget, memory, safety, workspace,
+                          min_peak, bound, base_seconds, report, stop)
+        if strategy != "hybrid":
+            return per
+        knob = tune(graph, batch_size, memory, device=device, link=link, safety=safety,
+                    strategy="knobs", workspace=workspace, cancel=cancel)
+        best = min((per, knob), key=lambda r: (not r.fits, r.predicted_step_seconds
+                                               if r.fits else r.predicted_peak_bytes))
+        return replace(best, strategy="hybrid",
+                       evaluations=per.evaluations + knob.evaluations)
     max_dist = max((b.end - b.start for b in base.buffers), default=1)
     best: tuple[float, int, dict, tuple[Swap, ...]] | None = None
     # Largest threshold that fits, escalating the sync mode (TFLMS v2).
@@ -486,7 +515,7 @@ def tune(
     knobs = {"threshold": found, "ahead": 1, "groupby": 5, "sync_mode": sync}
     knobs = _tflms_refine(ctx, knobs, fits_fast, report, stop)
     swaps = _swaps_for(ctx, knobs["threshold"], knobs["ahead"], knobs["groupby"])
-    if strategy == "default":
+    if strategy == "knobs":
         # Start from the TFLMS choice, so the time model can only improve on it.
         seed = _evaluate(ctx, swaps, knobs["sync_mode"])
         best = _grid(ctx, knobs, fits_fast, report, stop,
@@ -597,6 +626,64 @@ def _verify(graph, batch, swaps, knobs, budget, memory, base, base_seconds, stra
                    min_peak, bound, knobs, workspace, reason="verify")
 
 
+def _per_tensor(graph, batch, strategy, ctx, budget, memory, safety, workspace, min_peak,
+                bound, base_seconds, report, stop) -> TuneResult:
+    """Plan per tensor (:mod:`lmscore.planners`), then check with the full simulation.
+
+    While the rewritten step does not fit, the MILP is solved again for a budget lowered
+    by the overshoot: the MILP does not see the clones' intermediate buffers, the link's
+    queue or where triggers land in the rewritten schedule.
+    """
+    base = ctx.base
+    report(0.1, "options per tensor")
+    opts = options(graph, ctx.sizes, base, ctx.seconds, ctx.link, STRATEGIES[strategy])
+    n = len(ctx.pos)
+    live = (np.cumsum(ctx.alloc[:n]) - np.concatenate(([0], np.cumsum(ctx.free[: n - 1])))
+            + ctx.scratch[:n] + base.input_bytes)
+    target = budget - base.race_bytes
+    best = None
+    knobs: dict = {"options": len(opts)}
+    for attempt in range(8):
+        if stop():
+            break
+        report(0.2 + 0.1 * attempt, f"solving the MILP ({len(opts)} options)")
+        sol = solve(opts, live, target)
+        ctx.evaluations += 1
+        if not sol.feasible:
+            break
+        swaps, recomputes = decisions(sol.chosen)
+        plan = Plan(fingerprint(graph), swaps, 0, (),
+                    {"strategy": strategy, "batch_size": batch}, pin_schedule=True,
+                    recomputes=recomputes)
+        ev = evaluate_plan(graph, plan, batch, workspace=workspace, before=base,
+                           sizes=ctx.sizes)
+        seconds = _seconds(ctx, ev.plan)
+        knobs = {"options": len(opts), "rows": sol.rows, "attempts": attempt + 1}
+        if ev.fits(memory, safety):
+            return _result(graph, batch, ev.plan, True, budget, memory, base, ev.after,
+                           base_seconds, seconds, strategy, ctx, min_peak, bound, knobs,
+                           workspace)
+        if best is None or ev.after.worst_peak_bytes < best[0].after.worst_peak_bytes:
+            best = (ev, seconds)
+        over = ev.after.worst_peak_bytes - base.persistent_bytes - budget
+        target -= max(over, budget // 100, 1)
+    if best is None:
+        empty = Plan(fingerprint(graph), params={"strategy": strategy})
+        return _result(graph, batch, empty, False, budget, memory, base, base, base_seconds,
+                       base_seconds, strategy, ctx, min_peak, bound, knobs, workspace,
+                       reason="search")
+    ev, seconds = best
+    return _result(graph, batch, ev.plan, False, budget, memory, base, ev.after, base_seconds,
+                   seconds, strategy, ctx, min_peak, bound, knobs, workspace, reason="verify")
+
+
+def _seconds(ctx: _Context, plan: Plan) -> float:
+    """Predicted step time of ``plan``: its copies on the link, plus its clones' compute."""
+    idx = ctx.graph.index
+    clones = sum(ctx.seconds[idx[o]] for r in plan.recomputes for o in r.ops)
+    return _evaluate(ctx, plan.swaps, plan.sync_mode).seconds + clones
+
+
 def _lower_bound(graph: Graph, sizes: Sizes, base: Simulation) -> tuple[int, str]:
     """No plan goes below the largest op's inputs + outputs + workspace (+ persistent)."""
     adj = graph.adjacency
@@ -623,15 +710,16 @@ def _result(graph, batch, plan, fits, budget, memory, base, sim, base_seconds, s
 
     swap_bytes = sum(b.bytes for b in sim.buffers if b.host)
     overhead = max(0.0, seconds / base_seconds - 1) if base_seconds else 0.0
-    if fits and not plan.swaps:
+    if fits and not (plan.swaps or plan.recomputes):
         need = format_bytes(base.worst_peak_bytes - base.persistent_bytes)
         race = (f", plus {format_bytes(base.race_bytes)} if its loops run their whole "
                 "parallel_iterations window ahead" if base.race_bytes else "")
         message = (f"fits without swapping: the step needs {need} of "
                    f"{format_bytes(budget)} (device peak {format_bytes(base.peak_bytes)}{race})")
     elif fits:
+        rec = f" and {len(plan.recomputes)} recomputed" if plan.recomputes else ""
         message = (f"fits with {len(plan.swaps)} swapped tensors "
-                   f"({format_bytes(swap_bytes)}): peak {format_bytes(base.peak_bytes)} -> "
+                   f"({format_bytes(swap_bytes)}){rec}: peak {format_bytes(base.peak_bytes)} -> "
                    f"{format_bytes(sim.peak_bytes)}, predicted overhead {overhead:.1%}")
     elif reason == "bound":
         usable = format_bytes(budget + base.persistent_bytes)
@@ -651,6 +739,7 @@ def _result(graph, batch, plan, fits, budget, memory, base, sim, base_seconds, s
         predicted_step_seconds=seconds, swapped_tensors=len(plan.swaps), swap_bytes=swap_bytes,
         strategy=strategy, evaluations=ctx.evaluations, message=message,
         min_peak_bytes=min_peak, bound_op=bound, knobs=knobs,
+        recomputed_tensors=len(plan.recomputes),
     )
 
 
@@ -695,4 +784,5 @@ def _max_true(ok: Callable[[int], bool], limit: int, start: int = 1) -> int:
     return lo
 
 
-__all__ = ["DEVICES", "LINKS", "Device", "Link", "TuneResult", "max_batch", "op_seconds", "tune"]
+__all__ = ["DEVICES", "LINKS", "STRATEGY_NAMES", "Device", "Link", "TuneResult", "max_batch",
+           "op_seconds", "tune"]

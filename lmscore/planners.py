@@ -1,0 +1,358 @@
+"""Per-tensor planning: swap or recompute each tensor, chosen together by a MILP (HiGHS).
+
+TFLMS's knobs swap every long-lived tensor or none and bring every swap-in back the same
+number of levels early. Here each large buffer of the unswapped step that is idle between
+two of its readers (a forward activation waiting for the backward pass) gets options:
+
+- **swap** it over the gap, the swap-in started by a trigger chosen so that the copy ends
+  just in time for the first far reader (no stall), or as late as possible (the most
+  memory freed, a predicted stall);
+- **recompute** it before its far readers, by clones of its producer and of those of the
+  producer's ancestors whose outputs are not alive then (at most :data:`MAX_CHAIN` ops of
+  the forward pass; :func:`lmscore.plan.recompute_refusal` decides what may be cloned).
+
+Each option frees the buffer over a range of positions of the executor's schedule and
+costs predicted seconds: the copies' stalls on the link, or the clones' compute time. One
+binary variable per option, at most one option per tensor, a recompute's inputs kept
+alive (no option of theirs covers the clones' position), and one memory row per segment
+of the schedule between option boundaries where the step is over budget: what the chosen
+options free there must cover the excess. The objective is the predicted seconds, and
+``scipy.optimize.milp`` (HiGHS) solves it. A Checkmate-style matrix with a variable per
+tensor and per step does not scale (no solution within 400 s at 353 nodes); this one has a
+variable per option and a row per over-budget segment.
+
+The MILP is a model: it ignores the clones' intermediate buffers, contention on the link
+and how triggers land in the rewritten schedule. So its plan is rewritten and simulated in
+full (:func:`lmscore.evaluate.evaluate_plan`), and while that does not fit, the MILP is
+solved again with the budget lowered by the overshoot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ir import Graph, split_tensor
+from .memory import Simulation
+from .order import Ordering, order
+from .plan import (
+    DEFAULT_PREDICATES,
+    Recompute,
+    Swap,
+    SwapIn,
+    candidates,
+    find_trigger,
+    recompute_refusal,
+)
+from .shapes import Sizes
+
+#: Strategies of :func:`lmscore.tune.tune` planned here, and the options each may use.
+STRATEGIES = {"swap": ("swap",), "recompute": ("recompute",), "hybrid": ("swap", "recompute")}
+#: Longest chain of ops one recomputation clones.
+MAX_CHAIN = 4
+#: Buffers smaller than this fraction of the transient peak get no options: they cannot
+#: matter to the fit and would only grow the MILP.
+MIN_FRACTION = 1e-3
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to free a buffer over part of its life.
+
+    Attributes
+    ----------
+    tensor : str
+        The tensor that owns the buffer.
+    kind : {"swap", "recompute"}
+    lo, hi : int
+        Schedule positions (inclusive) over which the buffer is not on the device.
+    bytes : int
+    seconds : float
+        Predicted cost: stalls on the link, or the clones' compute time.
+    consumers : tuple of str
+        The far readers served by the swap-in or the clones.
+    trigger : str
+        The op that starts the swap-in or the clones.
+    ops : tuple of str
+        The ops cloned (recompute only), in topological order.
+    keeps : tuple of str
+        Tensors the clones read, which must be on the device at position ``hi + 1``.
+    """
+
+    tensor: str
+    kind: str
+    lo: int
+    hi: int
+    bytes: int
+    seconds: float
+    consumers: tuple[str, ...]
+    trigger: str
+    ops: tuple[str, ...] = ()
+    keeps: tuple[str, ...] = ()
+
+
+def options(
+    graph: Graph,
+    sizes: Sizes,
+    base: Simulation,
+    seconds: Sequence[float],
+    link_bandwidth: float,
+    kinds: Sequence[str] = ("swap", "recompute"),
+) -> tuple[Option, ...]:
+    """The options of every large idle buffer of ``base`` (see the module docstring).
+
+    Parameters
+    ----------
+    graph : Graph
+    sizes : Sizes
+    base : Simulation
+        The unswapped step.
+    seconds : sequence of float
+        Predicted time of each op (:func:`lmscore.tune.op_seconds`).
+    link_bandwidth : float
+        Bytes per second, one direction.
+    kinds : sequence of str
+        ``"swap"``, ``"recompute"`` or both.
+
+    Returns
+    -------
+    tuple of Option
+    """
+    ordering = order(graph)
+    pos = ordering.position
+    schedule = ordering.schedule
+    elapsed = np.cumsum([seconds[i] for i in schedule]) if schedule else np.zeros(0)
+    start = np.concatenate(([0.0], elapsed[:-1])) if len(elapsed) else elapsed
+    idx = graph.index
+    swappable = {c.tensor: c for c in candidates(graph, sizes, 0, DEFAULT_PREDICATES,
+                                                   exact=False)}
+    alive: dict[str, tuple[int, int]] = {}  # tensor -> its buffer's (first, last) position
+    for b in base.buffers:
+        if not b.scratch and not b.host:
+            for t in (b.tensor, *b.views):
+                alive[t] = (b.first, b.last)
+    smallest = max(1, int(MIN_FRACTION * base.transient_peak_bytes))
+    out: list[Option] = []
+    for b in base.buffers:
+        if b.scratch or b.host or b.bytes < smallest or not b.readers:
+            continue
+        readers = sorted({pos[r] for r in b.readers})
+        marks = [b.first, *readers]
+        gaps = np.diff(marks)
+        k = int(np.argmax(gaps))
+        if gaps[k] < 3:
+            continue  # no idle stretch worth an option
+        p_a, p_b = marks[k], marks[k + 1]
+        far = tuple(graph.ops[schedule[q]].name for q in readers if q >= p_b)
+        # the far readers must all read one tensor of the buffer (itself or a view of it,
+        # such as a Relu written into its input), besides what they wrote into it in place
+        # themselves: one swap-in or one clone serves them
+        shared = {b.tensor, *b.views}
+        read = {t for c in far for t in graph.ops[idx[c]].inputs
+                if t in shared and split_tensor(t)[0] not in far}
+        if len(read) != 1:
+            continue
+        tensor = read.pop()
+        far = tuple(c for c in far if tensor in graph.ops[idx[c]].inputs)
+        producer, port = split_tensor(tensor)
+        p = idx[producer]
+        if "swap" in kinds and tensor in swappable and set(far) <= set(
+                swappable[tensor].far):
+            move = b.bytes / link_bandwidth
+            # the op after p_a waits for the swap-out, which starts when the producer ends
+            stall_out = max(0.0, float(elapsed[pos[p]]) + move - float(start[p_a + 1]))
+            for lead in _leads(start, p_a, p_b, move):
+                trigger = _trigger_near(graph, ordering, tensor, far, schedule[lead])
+                if trigger is None:
+                    continue
+                t = pos[idx[trigger]]
+                if not p_a < t < p_b:
+                    continue
+                stall_in = max(0.0, float(elapsed[t]) + move - float(start[p_b]))
+                out.append(Option(tensor, "swap", p_a + 1, t - 1, b.bytes,
+                                  stall_out + stall_in, far, trigger))
+        if "recompute" in kinds:
+            chain = _chain(graph, ordering, p, p_b, alive, pos, shared)
+            if chain is None:
+                continue
+            trigger = _trigger_near(graph, ordering, tensor, far, schedule[p_b - 1])
+            if trigger is None:
+                continue
+            t = pos[idx[trigger]]
+            if not p_a < t < p_b:
+                continue
+            ops, keeps = chain
+            cost = sum(seconds[idx[o]] for o in ops)
+            out.append(Option(tensor, "recompute", p_a + 1, t, b.bytes, cost, far, trigger,
+                              ops, keeps))
+    return tuple(out)
+
+
+def _leads(start: np.ndarray, p_a: int, p_b: int, move: float) -> list[int]:
+    """Trigger positions to offer: the latest that hides the copy, and the latest of all."""
+    latest = p_b - 1
+    hidden = int(np.searchsorted(start, start[p_b] - move, side="right")) - 1
+    picks = {latest}
+    if p_a < hidden < latest:
+        picks.add(hidden)
+    return sorted(picks)
+
+
+def _trigger_near(
+    graph: Graph, ordering: Ordering, tensor: str, far: Sequence[str], op: int
+) -> str | None:
+    """A trigger for ``far`` near op ``op``'s level that reaches the first far reader."""
+    first = min((graph.index[c] for c in far), key=lambda c: (ordering.levels[c], c))
+    ahead = max(1, ordering.levels[first] - ordering.levels[op])
+    return find_trigger(graph, tensor, far, ahead, 10, exact=False)
+
+
+def _chain(
+    graph: Graph, ordering: Ordering, producer: int, at: int,
+    alive: dict[str, tuple[int, int]], pos: Sequence[int], freed: set[str],
+) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The ops to clone so that ``producer``'s output can be made again at position ``at``.
+
+    Walks back from the producer: an input whose buffer is on the device at ``at`` anyway
+    (or that is persistent: variables, constants, feeds hold no buffer here) is read as
+    it is, unless it lives in the buffer being ``freed`` (an in-place result's input); any
+    other input's producer is cloned too. None if that needs more than
+    :data:`MAX_CHAIN` ops or an op that cannot be recomputed.
+    """
+    adj = graph.adjacency
+    cats = ordering.categories
+    chain: set[int] = set()
+    keeps: set[str] = set()
+    stack = [producer]
+    while stack:
+        i = stack.pop()
+        if i in chain:
+            continue
+        if recompute_refusal(graph, ordering, i) or len(chain) >= MAX_CHAIN:
+            return None
+        chain.add(i)
+        for q, port in adj.data_in[i]:
+            name = f"{graph.ops[q].name}:{port}"
+            span = alive.get(name)
+            if span is None and cats[q] in ("persistent", "input"):
+                continue
+            if span is not None and span[0] <= at <= span[1] and name not in freed:
+                keeps.add(name)
+                continue
+            stack.append(q)
+    ops = tuple(graph.ops[i].name for i in sorted(chain, key=lambda i: pos[i]))
+    return ops, tuple(sorted(keeps))
+
+
+@dataclass(frozen=True)
+class Solution:
+    """The options a MILP chose, and how it went.
+
+    Attributes
+    ----------
+    chosen : tuple of Option
+    feasible : bool
+        False when no choice of options covers the excess (or the solver gave up).
+    seconds : float
+        The chosen options' predicted cost.
+    rows, columns : int
+        Size of the MILP.
+    status : str
+        The solver's message.
+    """
+
+    chosen: tuple[Option, ...]
+    feasible: bool
+    seconds: float
+    rows: int
+    columns: int
+    status: str
+
+
+def solve(
+    opts: Sequence[Option], live: np.ndarray, budget: int, time_limit: float = 20.0
+) -> Solution:
+    """Choose options so that ``live`` minus what they free stays within ``budget``.
+
+    Parameters
+    ----------
+    opts : sequence of Option
+    live : numpy.ndarray
+        Transient bytes on the device at each schedule position, unswapped.
+    budget : int
+    time_limit : float
+        Seconds HiGHS may take; its best solution so far is used.
+
+    Returns
+    -------
+    Solution
+    """
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_array
+
+    n = len(live)
+    if n == 0 or int(live.max()) <= budget:
+        return Solution((), True, 0.0, 0, 0, "fits as it is")
+    opts = [o for o in opts if o.lo <= o.hi]
+    cuts = sorted({0, n, *(o.lo for o in opts), *(o.hi + 1 for o in opts)})
+    cuts = [c for c in cuts if 0 <= c <= n]
+    seg_max = np.maximum.reduceat(live, cuts[:-1])
+    over = np.flatnonzero(seg_max > budget)
+    row_of = np.full(len(cuts) - 1, -1)
+    row_of[over] = np.arange(len(over))
+    seg_index = {c: k for k, c in enumerate(cuts)}
+    rows, cols, vals = [], [], []
+    for j, o in enumerate(opts):
+        segs = np.arange(seg_index[o.lo], seg_index[o.hi + 1])
+        r = row_of[segs]
+        r = r[r >= 0]
+        rows.append(r)
+        cols.append(np.full(len(r), j))
+        vals.append(np.full(len(r), float(o.bytes)))
+    m = len(over)
+    constraints = []
+    if m:
+        a = coo_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                      shape=(m, len(opts))).tocsr()
+        constraints.append(LinearConstraint(a, (seg_max[over] - budget).astype(float), np.inf))
+    # at most one option per tensor; a recomputation's inputs stay on the device
+    by_tensor: dict[str, list[int]] = {}
+    for j, o in enumerate(opts):
+        by_tensor.setdefault(o.tensor, []).append(j)
+    pairs: list[list[int]] = [js for js in by_tensor.values() if len(js) > 1]
+    for j, o in enumerate(opts):
+        for t in o.keeps:
+            for k in by_tensor.get(t, ()):
+                if opts[k].lo <= o.hi + 1 <= opts[k].hi:
+                    pairs.append([j, k])
+    if pairs:
+        r = np.concatenate([np.full(len(p), k) for k, p in enumerate(pairs)])
+        c = np.concatenate([np.asarray(p) for p in pairs])
+        a = coo_array((np.ones(len(c)), (r, c)), shape=(len(pairs), len(opts))).tocsr()
+        constraints.append(LinearConstraint(a, -np.inf, 1.0))
+    if not opts:
+        return Solution((), False, 0.0, m, 0, "no tensor can be swapped or recomputed")
+    # seconds first; among equals, fewer bytes moved or recomputed
+    total = sum(o.bytes for o in opts) or 1
+    cost = np.array([o.seconds + 1e-9 * o.bytes / total for o in opts])
+    res = milp(cost, constraints=constraints, integrality=np.ones(len(opts)),
+               bounds=Bounds(0, 1), options={"time_limit": time_limit, "mip_rel_gap": 1e-3})
+    if res.x is None:
+        return Solution((), False, 0.0, m + len(pairs), len(opts), str(res.message))
+    chosen = tuple(o for o, x in zip(opts, res.x, strict=True) if x > 0.5)
+    return Solution(chosen, True, float(sum(o.seconds for o in chosen)), m + len(pairs),
+                    len(opts), str(res.message))
+
+
+def decisions(chosen: Sequence[Option]) -> tuple[tuple[Swap, ...], tuple[Recompute, ...]]:
+    """The swaps and recomputes of a plan that applies ``chosen``."""
+    swaps = tuple(Swap(o.tensor, (SwapIn(o.consumers, o.trigger),))
+                  for o in chosen if o.kind == "swap")
+    recomputes = tuple(Recompute(o.tensor, o.ops, o.consumers, o.trigger)
+                       for o in chosen if o.kind == "recompute")
+    return swaps, recomputes
+
+
+__all__ = ["MAX_CHAIN", "STRATEGIES", "Option", "Solution", "decisions", "options", "solve"]
