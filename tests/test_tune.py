@@ -66,7 +66,7 @@ def test_budget_units():
 
 @settings(max_examples=60, deadline=None)
 @given(dags(known=True), st.integers(1, 3), st.floats(0.3, 1.2),
-       st.sampled_from(["default", "tflms"]))
+       st.sampled_from(["hybrid", "swap", "recompute", "knobs", "tflms"]))
 def test_never_claims_a_fit_the_simulator_does_not_show(g, batch, scale, strategy):
     base = simulate(g, batch, workspace="none")
     budget = int(base.persistent_bytes + scale * (base.peak_bytes - base.persistent_bytes)) + 1
@@ -75,6 +75,23 @@ def test_never_claims_a_fit_the_simulator_does_not_show(g, batch, scale, strateg
         assert transient_after(g, r, batch) <= r.budget_bytes
     else:
         assert r.message.startswith("does not fit")
+
+
+def test_hybrid_beats_the_knobs_on_resnet():
+    """Per tensor, swap or recompute: less predicted overhead than TFLMS at the same budget."""
+    import lmscore
+    from lmscore.samples import sample_dir
+
+    g = lmscore.load(sample_dir() / "resnet50.pb")
+    base = simulate(g, 64)
+    device = int(base.persistent_bytes + base.input_bytes + 0.6 * base.transient_peak_bytes)
+    hybrid = tune(g, 64, device)
+    knobs = tune(g, 64, device, strategy="knobs")
+    tflms = tune(g, 64, device, strategy="tflms")
+    assert hybrid.fits and knobs.fits and tflms.fits
+    assert hybrid.strategy == "hybrid" and hybrid.recomputed_tensors > 0
+    assert hybrid.predicted_overhead <= knobs.predicted_overhead / 2
+    assert transient_after(g, hybrid, 64) <= hybrid.budget_bytes
 
 
 def test_default_is_never_slower_than_tflms_on_resnet():
@@ -110,7 +127,7 @@ def test_tune_cli_json_contract(tmp_path):
                 "swapped_tensors", "swap_bytes", "max_batch_without", "max_batch_with"):
         assert key in d
     assert d["max_batch_with"] >= d["max_batch_without"] > 0
-    assert json.loads(plan.read_text())["version"] == 1
+    assert json.loads(plan.read_text())["version"] == 2
     bad = subprocess.run([sys.executable, "-m", "lmscore.cli", "tune", "mlp", "--budget", "x"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "not a size" in bad.stderr

@@ -2,9 +2,10 @@
 
 The app runs in a subprocess (``python -m lmsviz``) on a free port of 127.0.0.1 with its
 own data directory. The tests run in file order on one browser window: they load the mlp
-sample, read its peak, upload a graph, toggle a hotspot, run auto-tune, export, and check
-that bad uploads are refused, that a reload keeps the work and that another tab does not
-see it. Screenshots of the main states go to ``test-output/screenshots/``.
+sample, read its peak, recompute a tensor by hand, upload a graph, toggle a hotspot, run
+auto-tune, export, and check that bad uploads are refused, that a reload keeps the work
+and that another tab does not see it. Screenshots of the main states go to
+``test-output/screenshots/``.
 """
 
 from __future__ import annotations
@@ -167,6 +168,63 @@ def test_apply_knobs_draws_the_after_curve(browser: Any) -> None:
     browser.find_element(By.ID, "plan-reset").click()
     message_with(browser, "plan reset")
     wait(browser, lambda: trace_len(browser, figures.T_AFTER) == 0, msg="after curve gone")
+
+
+def cell(browser: Any, tensor: str, column: str) -> Any:
+    """The hotspot table's cell of ``column`` in the row of ``tensor``."""
+    return browser.find_element(By.XPATH, (
+        f"//div[@id='hotspots']//tr[td[@data-dash-column='tensor']"
+        f"[normalize-space(.)='{tensor}']]/td[@data-dash-column='{column}']"))
+
+
+def click_level(browser: Any, level: int) -> None:
+    """Click the device curve at ``level`` (the table then lists what is live there)."""
+    browser.execute_script("window.scrollTo(0, 0)")
+    dx, dy = browser.execute_script(POINT_XY, figures.T_BEFORE, level)
+    plot = browser.find_element(By.CSS_SELECTOR, "#studio .js-plotly-plot")
+    ActionChains(browser).move_to_element_with_offset(plot, int(dx), int(dy)).pause(0.3) \
+        .click().perform()
+    wait(browser, lambda: f"level {level} (selected level)" in text(browser, "hotspot-caption"),
+         msg=f"level {level} selected")
+
+
+def test_recompute_a_tensor_by_hand_and_see_a_refusal(browser: Any) -> None:
+    # mlp at batch 32, level 10: the first hidden layer's buffer (its MatMul, BiasAdd and
+    # Relu in place; the Relu is read farthest away) is recomputable, Adam's are not
+    row, relu, update = "mlp_1/dense_1/MatMul:0", "mlp_1/dense_1/Relu:0", "adam/Cast_2:0"
+    click_level(browser, 10)
+    assert cell(browser, row, "decision").text == "kept"
+    assert cell(browser, row, "recomputable").text == "yes"
+    assert text(browser, "sum-recomputed") == "nothing"
+    assert "Nothing is recomputed" in text(browser, "recompute-list")
+    cell(browser, row, "recompute").click()
+    message_with(browser, f"{relu} recomputed;", "1 recompute")
+    wait(browser, lambda: cell(browser, row, "decision").text == "recomputed",
+         msg="the row shows its decision")
+    assert "☑" in cell(browser, row, "recompute").text
+    wait(browser, lambda: trace_len(browser, figures.T_AFTER) > 0, msg="after curve")
+    wait(browser, lambda: text(browser, "sum-recomputed") == "1 tensors, 1 ops cloned",
+         msg="the summary counts the recompute")
+    assert "%" in text(browser, "sum-after") and text(browser, "sum-swapped") == "nothing"
+    listed = text(browser, "recompute-list")
+    assert relu in listed and "clones mlp_1/dense_1/Relu" in listed and "trigger" in listed
+    shot(browser, "02-recomputed.png")
+    # a tensor the plan cannot recompute: refused in the message area, nothing changes
+    assert cell(browser, update, "recompute").text == "—"
+    cell(browser, update, "recompute").click()
+    t = message_with(browser, "edit refused", "cannot be recomputed: update op")
+    assert "error" in browser.find_element(By.ID, "message").get_attribute("class"), t
+    assert cell(browser, update, "recomputable").text == "cannot be recomputed: update op"
+    assert cell(browser, row, "decision").text == "recomputed"
+    assert text(browser, "sum-recomputed") == "1 tensors, 1 ops cloned"
+    shot(browser, "02-recompute-refused.png")
+    # the server is still there: undo by the same cell, the after curve goes
+    cell(browser, row, "recompute").click()
+    message_with(browser, f"{relu} no longer recomputed")
+    wait(browser, lambda: trace_len(browser, figures.T_AFTER) == 0, msg="after curve gone")
+    wait(browser, lambda: cell(browser, row, "decision").text == "kept", msg="kept again")
+    assert text(browser, "sum-recomputed") == "nothing"
+    assert not severe_logs(browser)
 
 
 def test_upload_a_graph_and_toggle_a_hotspot(browser: Any) -> None:

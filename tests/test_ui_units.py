@@ -597,3 +597,140 @@ def test_without_background_job_packages_the_tuner_runs_inline(tmp_path, monkeyp
     dash_app = lms_app.create_app("mlp", upload_cap_bytes=MIB, data_dir=tmp_path)
     assert dash_app._background_manager is None
     assert any("st-tune.data" in k for k in dash_app.callback_map)
+
+
+# --- recomputation by hand ----------------------------------------------------------------
+
+#: mlp at batch 32: the first hidden layer's activation is read again by the backward pass.
+RELU = "mlp_1/dense_1/Relu:0"
+
+
+def recompute_rows(c: state.AppContext, s: dict, level: int) -> list[dict]:
+    loaded = c.resolve(s["graph"])
+    base = cb.base_of(c, loaded, s["settings"]["batch"])
+    return cb.hotspot_rows(base, cb.plan_of(c, loaded, s["plan"]["json"]), level)
+
+
+def test_toggle_recompute_adds_then_removes_and_the_views_show_it(fresh):
+    s = session(fresh)
+    row = next(r for r in recompute_rows(fresh, s, 10) if r["id"] == RELU)
+    assert (row["decision"], row["recompute"], row["recomputable"]) == (
+        cb.KEPT, cb.RECOMPUTE_OFF, "yes")
+    up = cb.control(fresh, "hotspots", {"hotspots": {"row_id": RELU, "column_id": "recompute"}},
+                    s)
+    assert not up.error and up.message == f"{RELU} recomputed; the plan has 0 swaps, 1 recompute"
+    plan = plan_from_json(up.plan["json"])
+    assert plan.recomputed() == (RELU,) and plan.version == 2 and up.plan["recomputes"] == 1
+    assert up.view["tensor"] == RELU
+    edited = {**s, "plan": up.plan, "view": {**up.view, "level": 10}}
+    r = cb.render(fresh, edited)
+    row = next(x for x in r.rows if x["id"] == RELU)
+    assert (row["decision"], row["recompute"], row["swap"]) == (
+        cb.RECOMPUTED, cb.RECOMPUTE_ON, cb.SWAP_OFF)
+    after = r.figure.data[figures.T_AFTER].y
+    assert after is not None and len(after) == len(r.figure.data[figures.T_BEFORE].y)
+    items = {item.children[1].id: item.children[1].children for item in r.summary}
+    assert items["sum-recomputed"] == "1 tensors, 1 ops cloned"
+    assert items["sum-after"] != "no plan" and items["sum-swapped"] == "nothing"
+    listed = str(r.recomputes)
+    again = plan.recomputes[0]
+    assert RELU in listed and again.trigger in listed and again.consumers[0] in listed
+    assert "is recomputed" in str(r.editor)  # the selected tensor's panel says so too
+    down = cb.toggle_recompute(fresh, s["graph"], s["settings"], up.plan, s["view"], RELU)
+    assert not down.error and down.message.startswith(f"{RELU} no longer recomputed")
+    assert plan_from_json(down.plan["json"]).changes_nothing()
+    r = cb.render(fresh, {**s, "plan": down.plan})
+    assert "Nothing is recomputed" in str(r.recomputes)
+
+
+def test_a_refused_recompute_says_why_and_changes_nothing(fresh):
+    s = session(fresh)
+    row = next(r for r in recompute_rows(fresh, s, 10) if r["recompute"] == cb.SWAP_NO
+               and "update op" in r["recomputable"])
+    up = cb.toggle_recompute(fresh, s["graph"], s["settings"], s["plan"], s["view"], row["id"])
+    assert up.error and up.plan is None
+    assert up.message == f"edit refused: tensor {row['id']!r} {row['recomputable']}"
+    assert "\n" not in up.message
+    ghost = cb.toggle_recompute(fresh, s["graph"], s["settings"], s["plan"], s["view"], "nope:0")
+    assert ghost.error and "unknown tensor" in ghost.message
+
+
+@pytest.mark.parametrize("sample", ["mlp", "lstm"])
+def test_the_table_offers_exactly_the_recomputes_the_plan_accepts(tmp_path, sample):
+    c = state.new_context(sample, None, upload_cap_bytes=MIB, data_dir=tmp_path)
+    s = session(c)
+    seen: dict[str, bool] = {}
+    for level in range(s["graph"]["levels"]):
+        for row in recompute_rows(c, s, level):
+            offered = row["recompute"] == cb.RECOMPUTE_OFF
+            if seen.setdefault(row["id"], offered) != offered:
+                raise AssertionError(f"{row['id']}: the verdict changes with the level")
+    assert any(seen.values()) or sample == "lstm"
+    for tensor, offered in seen.items():
+        up = cb.toggle_recompute(c, s["graph"], s["settings"], s["plan"], s["view"], tensor)
+        assert up.error != offered, (tensor, up.message)
+
+
+def test_swap_and_recompute_replace_each_other(fresh):
+    s = session(fresh)
+    swapped = cb.toggle_swap(fresh, s["graph"], s["settings"], s["plan"], s["view"], RELU)
+    assert not swapped.error
+    up = cb.toggle_recompute(fresh, s["graph"], s["settings"], swapped.plan, s["view"], RELU)
+    assert not up.error and up.message.startswith(f"{RELU} recomputed instead of swapped")
+    plan = plan_from_json(up.plan["json"])
+    assert plan.swapped() == () and plan.recomputed() == (RELU,)
+    back = cb.toggle_swap(fresh, s["graph"], s["settings"], up.plan, s["view"], RELU)
+    assert not back.error and back.message.startswith(f"{RELU} swapped instead of recomputed")
+    plan = plan_from_json(back.plan["json"])
+    assert plan.swapped() == (RELU,) and plan.recomputed() == ()
+    # a refused switch keeps the decision the tensor had
+    loaded = fresh.resolve(s["graph"])
+    base = cb.base_of(fresh, loaded, s["settings"]["batch"])
+    mask = "sparse_categorical_crossentropy/Cast_1:0"  # int labels: recomputable, not swappable
+    assert not base.recompute_refused(mask)
+    kept = cb.toggle_recompute(fresh, s["graph"], s["settings"], s["plan"], s["view"], mask)
+    no = cb.toggle_swap(fresh, s["graph"], s["settings"], kept.plan, s["view"], mask)
+    assert no.error and no.plan is None and "cannot be swapped" in no.message
+
+
+def test_plan_files_keep_recomputes_and_version_1_files_still_load(fresh, tmp_path):
+    from dataclasses import replace
+
+    s = session(fresh)
+    up = cb.apply_knobs(fresh, s["graph"], s["settings"],
+                        {"threshold": 5, "ahead": 1, "groupby": 5, "sync_mode": 0})
+    v1 = replace(plan_from_json(up.plan["json"]), version=1).to_json()
+    assert '"version": 1' in v1 and "recomputes" not in v1
+    loaded_v1 = cb.load_plan_file(fresh, s["graph"], gate("old.json", v1.encode()))
+    assert not loaded_v1.error and loaded_v1.message.startswith("plan loaded from old.json: ")
+    assert plan_from_json(loaded_v1.plan["json"]).version == 1
+    # a recompute added to a version 1 plan (here in place of a knob's swap) makes it a
+    # version 2 plan
+    assert RELU in plan_from_json(v1).swapped()
+    edited = cb.toggle_recompute(fresh, s["graph"], s["settings"], loaded_v1.plan, s["view"],
+                                 RELU)
+    assert not edited.error and "recomputed instead of swapped" in edited.message
+    name, text = cb.plan_download(fresh, s["graph"], edited.plan)
+    doc = json.loads(text)
+    assert doc["version"] == 2 and [r["tensor"] for r in doc["recomputes"]] == [RELU]
+    assert {w["tensor"] for w in doc["swaps"]} == set(plan_from_json(v1).swapped()) - {RELU}
+    back = cb.load_plan_file(fresh, s["graph"], gate(name, text.encode()))
+    assert not back.error and back.plan["json"] == text
+    assert back.message.endswith("swaps, 1 recompute")
+    # the export rewrites with the clones
+    bundle_name, data = cb.export_bundle(fresh, s["graph"], edited.plan)
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        assert plan_from_json(zf.read("mlp.plan.json").decode()).recomputed() == (RELU,)
+        assert b"lms/recompute_mlp_1/dense_1/Relu_0/mlp_1/dense_1/Relu" in zf.read("mlp.lms.pb")
+
+
+def test_a_saved_recompute_plan_comes_back(fresh):
+    s = session(fresh)
+    up = cb.toggle_recompute(fresh, s["graph"], s["settings"], s["plan"], s["view"], RELU)
+    restarted = state.new_context("mlp", None, upload_cap_bytes=MIB, data_dir=fresh.data_dir)
+    again = session(restarted)
+    assert again["plan"]["json"] == up.plan["json"] and again["plan"]["source"] == "saved"
+    other = cb.choose_graph(restarted, "sample:lstm", again["graph"], again["settings"])
+    back = cb.choose_graph(restarted, "sample:mlp", other.graph, other.settings)
+    assert back.plan["json"] == up.plan["json"]
+    assert back.message.endswith("restored your saved plan (0 swaps, 1 recompute)")
