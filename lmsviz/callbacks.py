@@ -4,12 +4,13 @@ Each callback is a thin wrapper around a plain function of this module (tested w
 browser in ``tests/test_ui_units.py``):
 
 - :func:`control` is the only writer of the session stores. Every user action (pick or
-  upload a graph, batch size, budget, presets, apply knobs, toggle a swap, select a level,
-  tensor or op, move a trigger, regroup, load or reset a plan, accept a tuner result) maps
-  to one function returning an :class:`Update`.
-- :func:`render` turns the session stores into the figure, the summary and the hotspot
-  table. When only the plan or the selection changed it returns a ``dash.Patch`` that
-  replaces the small traces and leaves the ordering points in the browser.
+  upload a graph, batch size, budget, presets, apply knobs, toggle a swap or a
+  recomputation, select a level, tensor or op, move a trigger, regroup, load or reset a
+  plan, accept a tuner result) maps to one function returning an :class:`Update`.
+- :func:`render` turns the session stores into the figure, the summary, the hotspot
+  table and the plan's lists. When only the plan or the selection changed it returns a
+  ``dash.Patch`` that replaces the small traces and leaves the ordering points in the
+  browser.
 - :func:`run_tune` is the body of the auto-tune background callback.
 - :func:`export_bundle` and :func:`plan_download` build the downloads.
 
@@ -45,6 +46,8 @@ from lmscore.memory import Simulation
 from lmscore.memory import fits as fits_device
 from lmscore.plan import (
     Plan,
+    Recompute,
+    add_recompute,
     add_swap,
     check_plan,
     empty_plan,
@@ -53,6 +56,7 @@ from lmscore.plan import (
     plan_from_json,
     plan_from_params,
     regroup,
+    remove_recompute,
     remove_swap,
 )
 from lmscore.rewrite import Rewrite, rewrite
@@ -79,6 +83,11 @@ _log = logging.getLogger("lmsviz")
 #: Largest batch size accepted from the form.
 MAX_BATCH = 1 << 20
 SWAP_ON, SWAP_OFF, SWAP_NO = "☑ swapped", "☐ swap", "—"
+RECOMPUTE_ON, RECOMPUTE_OFF = "☑ recomputed", "☐ recompute"
+#: What the plan does with a tensor, as the hotspot table's ``decision`` column says it.
+KEPT, SWAPPED, RECOMPUTED = "kept", "swapped", "recomputed"
+#: Recomputes listed by name in the plan panel (the summary counts them all).
+MAX_LISTED = 20
 
 # --- analysis results (cached per graph content, batch and plan) --------------------------
 
@@ -98,6 +107,8 @@ class Base:
     # hotspot rows by level, filled on demand (shared, like the rest, by every session)
     _live: dict[int, tuple[lmscore.LiveTensor, ...]] = field(
         default_factory=dict, repr=False, compare=False)
+    _recompute: dict[tuple[str, int], str] = field(default_factory=dict, repr=False,
+                                                   compare=False)
 
     def live(self, level: int) -> tuple[lmscore.LiveTensor, ...]:
         """:func:`lmscore.hotspots` at ``level`` (remembered for up to 256 levels)."""
@@ -107,6 +118,26 @@ class Base:
             if len(self._live) < 256:
                 self._live[level] = rows
         return rows
+
+    def recompute_refused(self, tensor: str, ahead: int = 1) -> str:
+        """Why a hand edit would not recompute ``tensor`` ("" if it would).
+
+        The answer is :func:`lmscore.plan.add_recompute`'s own, on a plan that changes
+        nothing, so that the table offers exactly the edits the plan accepts (remembered
+        for up to 4096 tensors).
+        """
+        key = (tensor, ahead)
+        reason = self._recompute.get(key)
+        if reason is None:
+            graph = self.loaded.graph
+            try:
+                add_recompute(graph, empty_plan(graph), tensor, threshold=1, ahead=ahead)
+                reason = ""
+            except PlanError as e:
+                reason = str(e)
+            if len(self._recompute) < 4096:
+                self._recompute[key] = reason
+        return reason
 
 
 @dataclass(frozen=True)
@@ -214,7 +245,7 @@ def after_of(app: AppContext, base: Base, plan: Plan, digest: str | None = None
 
     ``digest`` identifies the plan in the cache (default: the SHA-256 of its JSON).
     """
-    if not plan.swaps and not plan.serialize and plan.sync_mode == 0:
+    if not (plan.swaps or plan.recomputes or plan.serialize or plan.sync_mode):
         return None
     digest = digest or plan_digest(plan.to_json())
 
@@ -288,12 +319,12 @@ def choose_graph(app: AppContext, value: str, graph_ref: dict[str, Any],
 
 def _switch_to(app: AppContext, loaded: LoadedGraph, settings: dict[str, Any]) -> Update:
     saved = app.saved_plan(loaded)
-    plan = plan_store(saved, "saved") if saved is not None and saved.swaps else plan_store(
-        None, "none")
+    plan = plan_store(saved, "saved") if saved is not None and (
+        saved.swaps or saved.recomputes) else plan_store(None, "none")
     ref = loaded.ref()
     msg = f"loaded {loaded.name}: {ref['ops']:,} ops, {ref['levels']:,} levels"
-    if plan["json"]:
-        msg += f"; restored your saved plan ({plan['swaps']} swaps)"
+    if saved is not None and plan["json"]:
+        msg += f"; restored your saved plan ({plan_counts(saved)})"
     return Update(graph=ref, settings=settings, plan=plan, view=empty_view(), message=msg,
                   controls=True)
 
@@ -420,9 +451,25 @@ def apply_knobs(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, 
                   message=f"knobs applied: {len(plan.swaps)} tensors swapped")
 
 
+def plan_counts(plan: Plan) -> str:
+    """How many swaps (and recomputes, if any) a plan makes, for messages.
+
+    >>> plan_counts(Plan("f", recomputes=(Recompute("a:0", ("a",), ("b",), "c"),)))
+    '0 swaps, 1 recompute'
+    """
+    text = f"{len(plan.swaps)} swaps"
+    if plan.recomputes:
+        n = len(plan.recomputes)
+        text += f", {n} recompute{'s' if n > 1 else ''}"
+    return text
+
+
 def toggle_swap(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, Any],
                 plan_data: dict[str, Any], view: dict[str, Any], tensor: str) -> Update:
-    """Swap a hotspot tensor, or stop swapping it (the plan's other swaps are kept)."""
+    """Swap a hotspot tensor, or stop swapping it (the plan's other decisions are kept).
+
+    A recomputed tensor is swapped instead; if the swap is refused it stays recomputed.
+    """
     try:
         loaded = app.resolve(graph_ref)
         plan = plan_of(app, loaded, plan_data.get("json"))
@@ -435,16 +482,46 @@ def toggle_swap(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, 
             if row is not None and not row.swappable:
                 return refuse(f"{tensor} cannot be swapped: {row.reason}")
             knobs = settings.get("knobs", {})
+            # one decision per tensor: the click replaces a recomputation
+            was_recomputed = tensor in plan.recomputed()
+            start = remove_recompute(plan, tensor) if was_recomputed else plan
             # a hand toggle moves the tensor off the device for every consumer that is not
             # adjacent to it (what the table calls swappable); ahead and groupby are the knobs'
-            new = add_swap(loaded.graph, plan, tensor, threshold=1,
+            new = add_swap(loaded.graph, start, tensor, threshold=1,
                            ahead=int(knobs.get("ahead", 1)), groupby=int(knobs.get("groupby", 5)),
                            sizes=base.sizes)
-            verb = "swapped"
+            verb = "swapped instead of recomputed" if was_recomputed else "swapped"
     except LmsError as e:
         return refuse(f"edit refused: {e}")
     return Update(plan=_plan_changed(app, loaded, new, "hand"), view={**view, "tensor": tensor},
-                  message=f"{tensor} {verb}; the plan has {len(new.swaps)} swaps")
+                  message=f"{tensor} {verb}; the plan has {plan_counts(new)}")
+
+
+def toggle_recompute(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, Any],
+                     plan_data: dict[str, Any], view: dict[str, Any], tensor: str) -> Update:
+    """Recompute a hotspot tensor for its far readers, or stop recomputing it.
+
+    The edit is :func:`lmscore.plan.add_recompute` at threshold 1 (every reader that is not
+    adjacent to the tensor reads the recomputed copy), its trigger about the ``ahead`` knob
+    before the first of them; a refusal says why in the core's words. A swapped tensor is
+    recomputed instead; if the recomputation is refused it stays swapped.
+    """
+    try:
+        loaded = app.resolve(graph_ref)
+        plan = plan_of(app, loaded, plan_data.get("json"))
+        if tensor in plan.recomputed():
+            new = remove_recompute(plan, tensor)
+            verb = "no longer recomputed"
+        else:
+            was_swapped = tensor in plan.swapped()
+            start = remove_swap(plan, tensor) if was_swapped else plan
+            ahead = int(settings.get("knobs", {}).get("ahead", 1))
+            new = add_recompute(loaded.graph, start, tensor, threshold=1, ahead=ahead)
+            verb = "recomputed instead of swapped" if was_swapped else "recomputed"
+    except LmsError as e:
+        return refuse(f"edit refused: {e}")
+    return Update(plan=_plan_changed(app, loaded, new, "hand"), view={**view, "tensor": tensor},
+                  message=f"{tensor} {verb}; the plan has {plan_counts(new)}")
 
 
 def _live_row(base: Base, tensor: str) -> lmscore.LiveTensor | None:
@@ -543,13 +620,13 @@ def regroup_swap(app: AppContext, graph_ref: dict[str, Any], plan_data: dict[str
 
 
 def reset_plan(app: AppContext, graph_ref: dict[str, Any]) -> Update:
-    """Drop every swap."""
+    """Drop every swap and recomputation."""
     try:
         loaded = app.resolve(graph_ref)
     except LmsError as e:
         return refuse(str(e))
     return Update(plan=_plan_changed(app, loaded, empty_plan(loaded.graph), "none"),
-                  message="plan reset: nothing swapped")
+                  message="plan reset: nothing swapped or recomputed")
 
 
 def load_plan_file(app: AppContext, graph_ref: dict[str, Any], gate: dict[str, Any] | None
@@ -567,7 +644,7 @@ def load_plan_file(app: AppContext, graph_ref: dict[str, Any], gate: dict[str, A
     except LmsError as e:
         return refuse(f"plan refused: {e}")
     return Update(plan=_plan_changed(app, loaded, plan, "file"),
-                  message=f"plan loaded from {name}: {len(plan.swaps)} swaps")
+                  message=f"plan loaded from {name}: {plan_counts(plan)}")
 
 
 def accept_tune(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, Any],
@@ -616,11 +693,12 @@ class Rendered:
     groups: list[dict[str, Any]]
     rendered: dict[str, Any]
     message: str | None = None
+    recomputes: Any = None
 
 
 def render(app: AppContext, session: dict[str, Any], *, full: bool = True,
            data: bool = True) -> Rendered:
-    """The figure, summary, hotspot table and swap editor of a session.
+    """The figure, summary, hotspot table, swap editor and recompute list of a session.
 
     Parameters
     ----------
@@ -676,18 +754,19 @@ def render(app: AppContext, session: dict[str, Any], *, full: bool = True,
             figure["layout"]["yaxis2"]["range"] = figures.memory_range(curves)
         figure["layout"]["shapes"] = figures.selection_shapes(hl, base.positions)
         note = no_update
-    rows = hotspot_rows(base, plan, table_level)
+    ahead = int(settings.get("knobs", {}).get("ahead", 1))
+    rows = hotspot_rows(base, plan, table_level, ahead=ahead)
     styles = _row_styles(view.get("tensor"))
     where = ("selected level" if level is not None else
              "peak with the plan" if after else "peak")
     caption = (f"Tensors live at level {table_level} ({where}): {len(rows)}. "
-               "Click a row to see its lifetime; click its swap cell to toggle it.")
+               "Click a row to see its lifetime; click its swap or recompute cell to toggle it.")
     editor, groups = _editor(loaded, plan, view.get("tensor"))
     return Rendered(
         figure=figure, note=note, summary=summary(loaded, base, plan, plan_data, after, budget),
         rows=rows, row_styles=styles, caption=caption, editor=editor, groups=groups,
         rendered={"key": loaded.key, "batch": batch, "workspace": base.workspace},
-        message=message,
+        message=message, recomputes=recompute_list(loaded, plan),
     )
 
 
@@ -722,29 +801,56 @@ def _swap_draws(loaded: LoadedGraph, plan: Plan) -> list[figures.SwapDraw]:
     return out
 
 
-def hotspot_rows(base: Base, plan: Plan, level: int
+def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1
                  ) -> list[dict[str, Any]]:
-    """Rows of the hotspot table: the tensors live at ``level``, largest first."""
+    """Rows of the hotspot table: the tensors live at ``level``, largest first.
+
+    Each row says what the plan does with its tensor (``decision``) and whether a hand
+    edit would swap it (``swappable``, :func:`lmscore.hotspots`' verdict) or recompute it
+    (``recomputable``, :meth:`Base.recompute_refused` with the ``ahead`` knob).
+    """
     swapped = set(plan.swapped())
+    recomputed = set(plan.recomputed())
     rows = []
     for t in base.live(level):
-        # a row is a buffer; toggling swaps the tensor of it that is read farthest away
+        # a row is a buffer; a toggle edits the tensor of it that is read farthest away
+        tensor = t.swap_tensor or t.tensor
         on = t.tensor in swapped or t.swap_tensor in swapped
+        again = t.tensor in recomputed or t.swap_tensor in recomputed
+        if split_tensor(tensor)[0] in base.loaded.graph.index:
+            refused = _reason(base.recompute_refused(tensor, ahead), tensor)
+        else:  # a kernel workspace or a loop's results: no tensor of the graph to name
+            refused = t.reason
         rows.append({
-            "id": t.swap_tensor or t.tensor, "tensor": t.tensor,
+            "id": tensor, "tensor": t.tensor,
             "mib": round(t.bytes / figures.MIB, 3),
             "producer_level": t.producer_level, "last_use_level": t.last_use_level,
             "distance": t.distance, "category": t.category,
             "swappable": "yes" if t.swappable else t.reason,
+            "recomputable": "yes" if not refused else refused,
+            "decision": SWAPPED if on else (RECOMPUTED if again else KEPT),
             "swap": SWAP_ON if on else (SWAP_OFF if t.swappable else SWAP_NO),
+            "recompute": RECOMPUTE_ON if again else (RECOMPUTE_OFF if not refused else SWAP_NO),
         })
     return rows
 
 
+def _reason(message: str, tensor: str) -> str:
+    """A refusal about ``tensor`` without its name (the row names it).
+
+    >>> _reason("tensor 'a:0' cannot be recomputed: backward op", "a:0")
+    'cannot be recomputed: backward op'
+    """
+    return message.removeprefix(f"tensor {tensor!r}").lstrip(": ")
+
+
 def _row_styles(tensor: str | None) -> list[dict[str, Any]]:
     styles: list[dict[str, Any]] = [
-        {"if": {"filter_query": f'{{swap}} = "{SWAP_ON}"'}, "backgroundColor": "#fff7ed"},
+        {"if": {"filter_query": f'{{decision}} = "{SWAPPED}"'}, "backgroundColor": "#fff7ed"},
+        {"if": {"filter_query": f'{{decision}} = "{RECOMPUTED}"'},
+         "backgroundColor": "#ecfdf5"},
         {"if": {"column_id": "swap"}, "cursor": "pointer", "fontWeight": "600"},
+        {"if": {"column_id": "recompute"}, "cursor": "pointer", "fontWeight": "600"},
     ]
     if tensor:
         safe = tensor.replace('"', "")
@@ -755,7 +861,7 @@ def _row_styles(tensor: str | None) -> list[dict[str, Any]]:
 
 def summary(loaded: LoadedGraph, base: Base, plan: Plan, plan_data: dict[str, Any],
             after: After | None, budget: int | None) -> Any:
-    """The summary panel: peaks, host, swaps, predicted overhead and whether it fits."""
+    """The summary panel: peaks, host, swaps, recomputes, predicted overhead, whether it fits."""
     sim = base.sim
     shown = after.sim if after else sim
 
@@ -791,8 +897,12 @@ def summary(loaded: LoadedGraph, base: Base, plan: Plan, plan_data: dict[str, An
                             if after else "no plan"), "after"),
         item("host peak", format_bytes(after.sim.host_peak_bytes) if after else "0 B", "host"),
         item("swapped", (f"{len(plan.swaps)} tensors, {format_bytes(after.swap_bytes)}; "
-                         f"{n_in} swap-ins ({n_sync} synchronous)" if after else "nothing"),
+                         f"{n_in} swap-ins ({n_sync} synchronous)" if after and plan.swaps
+                         else "nothing"),
              "swapped"),
+        item("recomputed", (f"{len(plan.recomputes)} tensors, "
+                            f"{len(after.rewrite.clones)} ops cloned"
+                            if after and plan.recomputes else "nothing"), "recomputed"),
         item("overhead", overhead, "overhead"),
         item("budget", fits, "fits", fits_cls),
         item("plan", {"none": "empty", "knobs": "from the knobs", "hand": "edited by hand",
@@ -814,8 +924,10 @@ def _editor(loaded: LoadedGraph, plan: Plan, tensor: str | None
     """Description of the selected swap's groups, and the group dropdown's options."""
     swap = next((s for s in plan.swaps if s.tensor == tensor), None) if tensor else None
     if swap is None:
-        hint = (f"{tensor} is not swapped." if tensor else "Select a swapped tensor in the table "
-                "to regroup its consumers or move a swap-in's trigger.")
+        hint = (f"{tensor} is recomputed (see below), not swapped." if tensor in
+                plan.recomputed() else f"{tensor} is not swapped." if tensor else
+                "Select a swapped tensor in the table to regroup its consumers or move a "
+                "swap-in's trigger.")
         return html.P(hint, className="hint"), []
     lv = lmscore.order(loaded.graph).levels
     index = loaded.graph.index
@@ -830,6 +942,38 @@ def _editor(loaded: LoadedGraph, plan: Plan, tensor: str | None
                              f"; {trig}"))
         options.append({"label": f"swap-in {k}", "value": k})
     return html.Div([html.B(swap.tensor), html.Ul(items)]), options
+
+
+def _names(names: tuple[str, ...], limit: int = 3) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _recompute_item(loaded: LoadedGraph, r: Recompute) -> Any:
+    """One recompute: the ops cloned, the consumers served, the trigger, with their levels."""
+    lv = lmscore.order(loaded.graph).levels
+    index = loaded.graph.index
+    levels = sorted({lv[index[c]] for c in r.consumers})
+    shown = ", ".join(map(str, levels[:6])) + (" …" if len(levels) > 6 else "")
+    return html.Li([
+        html.B(r.tensor),
+        f": clones {_names(r.ops)} for {len(r.consumers)} consumer(s) "
+        f"({_names(r.consumers)}) at level(s) {shown}; "
+        f"trigger {r.trigger} (level {lv[index[r.trigger]]})",
+    ])
+
+
+def recompute_list(loaded: LoadedGraph, plan: Plan) -> Any:
+    """The plan's recomputes, each with its clones, consumers and trigger."""
+    if not plan.recomputes:
+        return html.P("Nothing is recomputed. Click a row's recompute cell in the table to "
+                      "recompute its tensor for its far readers instead of keeping it.",
+                      className="hint")
+    items = [_recompute_item(loaded, r) for r in plan.recomputes[:MAX_LISTED]]
+    if len(plan.recomputes) > MAX_LISTED:
+        items.append(html.Li(f"… and {len(plan.recomputes) - MAX_LISTED} more",
+                             className="hint"))
+    return html.Ul(items)
 
 
 # --- background job and downloads --------------------------------------------------------
@@ -1013,6 +1157,8 @@ def control(app: AppContext, trigger: str | None, values: dict[str, Any],
             return Update()
         if cell.get("column_id") == "swap":
             return toggle_swap(app, g, s, p, v, tensor)
+        if cell.get("column_id") == "recompute":
+            return toggle_recompute(app, g, s, p, v, tensor)
         return select_tensor(v, tensor)
     if trigger == "studio":
         return click_figure(v, values.get("studio"), g)
@@ -1101,7 +1247,7 @@ def register(app: dash.Dash, state: AppContext) -> None:
         Output("summary", "children"), Output("hotspots", "data"),
         Output("hotspots", "style_data_conditional"), Output("hotspot-caption", "children"),
         Output("swap-editor", "children"), Output("edit-group", "options"),
-        Output("st-rendered", "data"),
+        Output("recompute-list", "children"), Output("st-rendered", "data"),
         Output("message", "children", allow_duplicate=True),
         Output("message", "className", allow_duplicate=True),
         *[Input(s, "data") for s in stores],
@@ -1118,14 +1264,14 @@ def register(app: dash.Dash, state: AppContext) -> None:
         try:
             r = render(state, session, full=full, data=not only_view)
         except ServerBusy as e:
-            return (*([no_update] * 9), str(e), "message error")
+            return (*([no_update] * 10), str(e), "message error")
         except LmsError as e:
-            return (*([no_update] * 9), f"cannot show this graph: {e}", "message error")
+            return (*([no_update] * 10), f"cannot show this graph: {e}", "message error")
         except Exception as e:  # noqa: BLE001 - a bug must not leave the page without an answer
-            return (*([no_update] * 9), internal_error("drawing", e), "message error")
+            return (*([no_update] * 10), internal_error("drawing", e), "message error")
         msg = (r.message, "message error") if r.message else (no_update, no_update)
         return (r.figure, r.note, r.summary, r.rows, r.row_styles, r.caption, r.editor,
-                r.groups, r.rendered, *msg)
+                r.groups, r.recomputes, r.rendered, *msg)
 
     @app.callback(
         Output("download", "data", allow_duplicate=True),

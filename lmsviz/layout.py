@@ -27,7 +27,10 @@ HOTSPOT_COLUMNS = [
     {"name": "distance", "id": "distance", "type": "numeric"},
     {"name": "category", "id": "category"},
     {"name": "swappable", "id": "swappable"},
+    {"name": "recomputable", "id": "recomputable"},
+    {"name": "decision", "id": "decision"},
     {"name": "swap", "id": "swap"},
+    {"name": "recompute", "id": "recompute"},
 ]
 
 
@@ -126,7 +129,7 @@ def controls(session: dict[str, Any], picker: tuple[list[dict[str, str]], str]) 
 
 
 def views(rendered: Any) -> html.Div:
-    """The linked views: the two-row figure and the hotspot table with the swap editor."""
+    """The linked views: the figure, the hotspot table, the swap editor, the recomputes."""
     return html.Div([
         html.Div(rendered.note, id="ordering-note", className="note"),
         dcc.Loading(
@@ -147,8 +150,11 @@ def views(rendered: Any) -> html.Div:
                     style_cell={"fontFamily": "system-ui, sans-serif", "fontSize": "13px",
                                 "padding": "4px 8px", "textAlign": "left"},
                     style_cell_conditional=[
-                        {"if": {"column_id": "tensor"}, "maxWidth": "420px",
+                        {"if": {"column_id": "tensor"}, "minWidth": "200px", "maxWidth": "420px",
                          "whiteSpace": "normal", "wordBreak": "break-all"},
+                        # reasons wrap, so that the tensor keeps its width
+                        *({"if": {"column_id": c}, "minWidth": "90px", "maxWidth": "200px",
+                           "whiteSpace": "normal"} for c in ("swappable", "recomputable")),
                     ],
                     style_header={"fontWeight": "600", "backgroundColor": "#f1f5f9"},
                 ),
@@ -173,6 +179,8 @@ def views(rendered: Any) -> html.Div:
                     html.Button("regroup by levels", id="edit-regroup"),
                     html.Button("one group", id="edit-onegroup"),
                 ], className="row"),
+                html.H4("recomputed"),
+                html.Div(rendered.recomputes, id="recompute-list"),
             ], className="editor"),
         ], className="lower"),
     ], className="views")

@@ -613,8 +613,8 @@ def new_session(ctx: AppContext) -> dict[str, Any]:
     return {
         "graph": loaded.ref(),
         "settings": default_settings(ctx.initial_batch),
-        "plan": plan_store(saved, "saved") if saved is not None and saved.swaps else plan_store(
-            None, "none"),
+        "plan": plan_store(saved, "saved") if saved is not None and (
+            saved.swaps or saved.recomputes) else plan_store(None, "none"),
         "view": empty_view(),
     }
 
@@ -651,6 +651,7 @@ def plan_store(plan: Plan | None, source: str, tune: dict[str, Any] | None = Non
         "source": source,
         "tune": tune,
         "swaps": len(plan.swaps) if plan is not None else 0,
+        "recomputes": len(plan.recomputes) if plan is not None else 0,
     }
 
 
