@@ -55,7 +55,7 @@ def papers(link: str) -> None:
 
 
 def baselines(grappler: bool) -> None:
-    print("\n[3] ours (default) vs TFLMS v2 search" + (" vs Grappler" if grappler else "")
+    print("\n[3] ours (each strategy) vs TFLMS v2 search" + (" vs Grappler" if grappler else "")
           + ", V100 PCIe 3, budget = 60% of the unswapped device peak")
     cases = (("mlp", 4096), ("resnet50", 128), ("vgg16", 64), ("unet3d", 4), ("bert", 128))
     header = f"  {'graph':9s} {'batch':>5s} {'budget':>10s} {'strategy':9s} {'fits':4s} " \
@@ -65,8 +65,8 @@ def baselines(grappler: bool) -> None:
         g = lmscore.load(ROOT / "sample_graphs" / f"{name}.pb")
         base = lmscore.simulate(g, batch, workspace="none")
         budget = int(0.6 * base.peak_bytes)
-        rows = [("default", tune(g, batch, budget)),
-                ("tflms", tune(g, batch, budget, strategy="tflms"))]
+        rows = [(s, tune(g, batch, budget, strategy=s))
+                for s in ("hybrid", "swap", "recompute", "knobs", "tflms")]
         for label, r in rows:
             print(f"  {name:9s} {batch:5d} {format_bytes(budget):>10s} {label:9s} "
                   f"{'yes' if r.fits else 'no':4s} {format_bytes(r.predicted_peak_bytes):>10s} "
