@@ -14,7 +14,8 @@ Two strategies search the TFLMS v2 knobs:
 
 Three plan per tensor (:mod:`lmscore.planners`, a MILP solved by HiGHS): ``swap``,
 ``recompute``, and ``hybrid``, the default, which may do either for each tensor and keeps
-its plan or the ``knobs`` plan, whichever is predicted faster among those that fit.
+its plan, the ``swap`` plan or the ``knobs`` plan, whichever is predicted faster among
+those that fit.
 
 The time model: op time = max(FLOPs / peak FLOP/s, bytes / memory bandwidth) on a device
 preset, plus a launch cost; a transfer takes bytes / link bandwidth on one copy queue per
@@ -420,9 +421,9 @@ def tune(
         Fraction of the free device memory that may be used (0 < safety <= 1).
     strategy : {"hybrid", "swap", "recompute", "knobs", "tflms"}
         ``hybrid`` (the default; ``"default"`` is the same) plans per tensor, swap or
-        recompute (:mod:`lmscore.planners`), and keeps that plan or the ``knobs`` one,
-        whichever is predicted faster among those that fit; ``swap`` and ``recompute``
-        plan per tensor with one kind of option only; ``knobs`` searches TFLMS's knobs
+        recompute (:mod:`lmscore.planners`), and keeps that plan, the ``swap`` one or the
+        ``knobs`` one, whichever is predicted faster among those that fit; ``swap`` and
+        ``recompute`` plan per tensor with one kind of option only; ``knobs`` searches TFLMS's knobs
         with the time model; ``tflms`` is TFLMS's own greedy search on memory.
     workspace : str
         Kernel workspace model of the simulator (:data:`lmscore.memory.WORKSPACES`):
@@ -486,12 +487,15 @@ def tune(
                           min_peak, bound, base_seconds, report, stop)
         if strategy != "hybrid":
             return per
-        knob = tune(graph, batch_size, memory, device=device, link=link, safety=safety,
-                    strategy="knobs", workspace=workspace, cancel=cancel)
-        best = min((per, knob), key=lambda r: (not r.fits, r.predicted_step_seconds
-                                               if r.fits else r.predicted_peak_bytes))
+        # the MILP's model errs more with recomputations in it (their intermediate
+        # buffers): swaps alone, and the knobs, are candidates too
+        others = [tune(graph, batch_size, memory, device=device, link=link, safety=safety,
+                       strategy=s, workspace=workspace, cancel=cancel)
+                  for s in ("swap", "knobs")]
+        best = min((per, *others), key=lambda r: (not r.fits, r.predicted_step_seconds
+                                                  if r.fits else r.predicted_peak_bytes))
         return replace(best, strategy="hybrid",
-                       evaluations=per.evaluations + knob.evaluations)
+                       evaluations=per.evaluations + sum(r.evaluations for r in others))
     max_dist = max((b.end - b.start for b in base.buffers), default=1)
     best: tuple[float, int, dict, tuple[Swap, ...]] | None = None
     # Largest threshold that fits, escalating the sync mode (TFLMS v2).
