@@ -121,7 +121,7 @@ def test_rewrite_cli_contract_and_inspect_of_the_result(tmp_path):
                 "swapped_tensors", "swap_bytes"):
         assert key in d
     assert d["swapped_tensors"] > 0 and d["swap_bytes"] > 0
-    assert json.loads(plan.read_text())["version"] == 1
+    assert json.loads(plan.read_text())["version"] == 2
     r = lms("inspect", str(out), "--batch-size", "32", "--json")
     assert r.returncode == 0, r.stderr
     again = json.loads(r.stdout)

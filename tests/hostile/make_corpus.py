@@ -905,7 +905,7 @@ def _plans(w: _Writer) -> None:
         ("truncated_json", json.dumps(good)[:60], PLAN, "not JSON"),
         ("array", "[1, 2, 3]", PLAN, "object"),
         ("string", '"plan"', PLAN, "object"),
-        ("version_2", variant(version=2), PLAN, "version"),
+        ("version_3", variant(version=3), PLAN, "version"),
         ("version_string", variant(version="1"), PLAN, "version"),
         ("version_missing", variant(version=_DROP), PLAN, "version"),
         ("version_float", variant(version=1.5), PLAN, "version"),
