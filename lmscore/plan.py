@@ -973,6 +973,36 @@ def reaches(graph: Graph, src: int, dst: int, lv: Sequence[int]) -> bool:
     return False
 
 
+def _far_readers(
+    graph: Graph, plan: Plan, tensor: str, threshold: int, verb: str, done: str,
+    refusal: Callable[[Ordering, int, int], str],
+) -> tuple[str, ...]:
+    """The checks a hand edit makes before it decides ``tensor``; its far readers.
+
+    The tensor must exist, have no decision yet, not be refused (``refusal`` of its
+    producer and port: why it cannot be ``done``) and have readers more than ``threshold``
+    levels after it (else there is nothing to ``verb``).
+    """
+    for decided, done in ((plan.swapped(), "swapped"), (plan.recomputed(), "recomputed")):
+        if tensor in decided:
+            raise PlanError(f"tensor {tensor!r} is already {done}")
+    op_name, port = split_tensor(tensor)
+    if op_name not in graph.index or port >= len(graph.ops[graph.index[op_name]].outputs):
+        raise PlanError(f"unknown tensor {tensor!r}")
+    i = graph.index[op_name]
+    ordering = order(graph)
+    reason = refusal(ordering, i, port)
+    if reason:
+        raise PlanError(f"tensor {tensor!r} cannot be {done}: {reason}")
+    lv = ordering.levels
+    readers = graph.adjacency.consumers.get((i, port), ())
+    far = tuple(graph.ops[c].name for c in dict.fromkeys(readers) if lv[c] - lv[i] > threshold)
+    if not far:
+        raise PlanError(f"tensor {tensor!r} has no consumer more than {threshold} level(s) "
+                        f"after it: nothing to {verb}")
+    return far
+
+
 def remove_swap(plan: Plan, tensor: str) -> Plan:
     """The plan without the swap of ``tensor``."""
     if tensor not in plan.swapped():
@@ -997,25 +1027,9 @@ def add_swap(
     hotspot table apply), judged on ``sizes`` if the caller has them resolved, else at
     batch size 1 (the batch size decides no verdict).
     """
-    if tensor in plan.swapped() or tensor in plan.recomputed():
-        raise PlanError(f"tensor {tensor!r} is already "
-                        f"{'swapped' if tensor in plan.swapped() else 'recomputed'}")
-    op_name, port = split_tensor(tensor)
-    if op_name not in graph.index:
-        raise PlanError(f"unknown tensor {tensor!r}")
-    i = graph.index[op_name]
-    ordering = order(graph)
-    if port >= len(graph.ops[i].outputs):
-        raise PlanError(f"unknown tensor {tensor!r}")
-    reason = swap_refusal(graph, ordering, sizes or resolve(graph, 1), i, port)
-    if reason:
-        raise PlanError(f"tensor {tensor!r} cannot be swapped: {reason}")
-    lv = ordering.levels
-    readers = graph.adjacency.consumers.get((i, port), ())
-    far = [graph.ops[c].name for c in dict.fromkeys(readers) if lv[c] - lv[i] > threshold]
-    if not far:
-        raise PlanError(f"tensor {tensor!r} has no consumer more than {threshold} level(s) "
-                        "after it: nothing to swap")
+    far = _far_readers(graph, plan, tensor, threshold, "swap", "swapped",
+                       lambda o, i, port: swap_refusal(graph, o, sizes or resolve(graph, 1), i,
+                                                       port))
     groups = group_consumers(graph, far, groupby)
     swap = Swap(tensor, tuple(
         SwapIn(g, find_trigger(graph, tensor, g, ahead, window)) for g in groups
@@ -1134,31 +1148,30 @@ def add_recompute(
     reads the producer's own inputs and starts after a trigger about ``ahead`` levels
     before the first of them (:func:`find_trigger`).
     """
-    if tensor in plan.swapped() or tensor in plan.recomputed():
-        raise PlanError(f"tensor {tensor!r} is already "
-                        f"{'swapped' if tensor in plan.swapped() else 'recomputed'}")
-    op_name, port = split_tensor(tensor)
-    if op_name not in graph.index or port >= len(graph.ops[graph.index[op_name]].outputs):
-        raise PlanError(f"unknown tensor {tensor!r}")
-    i = graph.index[op_name]
-    ordering = order(graph)
-    reason = recompute_refusal(graph, ordering, i)
-    if reason:
-        raise PlanError(f"tensor {tensor!r} cannot be recomputed: {reason}")
-    lv = ordering.levels
-    readers = graph.adjacency.consumers.get((i, port), ())
-    far = tuple(graph.ops[c].name for c in dict.fromkeys(readers) if lv[c] - lv[i] > threshold)
-    if not far:
-        raise PlanError(f"tensor {tensor!r} has no consumer more than {threshold} level(s) "
-                        "after it: nothing to recompute")
+    far = _far_readers(graph, plan, tensor, threshold, "recompute", "recomputed",
+                       lambda o, i, port: recompute_refusal(graph, o, i))
     trigger = find_trigger(graph, tensor, far, ahead, window)
     if trigger is None:
         raise PlanError(f"tensor {tensor!r}: no op within {window} levels before its first far "
                         "consumer can start its recomputation")
+    producer = split_tensor(tensor)[0]
     new = replace(plan, version=max(plan.version, 2),
-                  recomputes=plan.recomputes + (Recompute(tensor, (op_name,), far, trigger),))
+                  recomputes=plan.recomputes + (Recompute(tensor, (producer,), far, trigger),))
     check_plan(graph, new)
     return new
+
+
+def recompute_refused(graph: Graph, tensor: str, *, threshold: int = 1, ahead: int = 1) -> str:
+    """Why :func:`add_recompute` would refuse ``tensor`` on a plan that decides nothing yet.
+
+    "" if it would recompute it: the verdict of the hotspot table's recompute cell, so that
+    the table offers exactly the edits a plan accepts.
+    """
+    try:
+        add_recompute(graph, empty_plan(graph), tensor, threshold=threshold, ahead=ahead)
+    except PlanError as e:
+        return str(e)
+    return ""
 
 
 def empty_plan(graph: Graph) -> Plan:

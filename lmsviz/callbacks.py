@@ -55,6 +55,7 @@ from lmscore.plan import (
     move_trigger,
     plan_from_json,
     plan_from_params,
+    recompute_refused,
     regroup,
     remove_recompute,
     remove_swap,
@@ -122,19 +123,13 @@ class Base:
     def recompute_refused(self, tensor: str, ahead: int = 1) -> str:
         """Why a hand edit would not recompute ``tensor`` ("" if it would).
 
-        The answer is :func:`lmscore.plan.add_recompute`'s own, on a plan that changes
-        nothing, so that the table offers exactly the edits the plan accepts (remembered
-        for up to 4096 tensors).
+        The answer is :func:`lmscore.plan.recompute_refused`, :func:`lmscore.plan.add_recompute`'s
+        own (remembered for up to 4096 tensors).
         """
         key = (tensor, ahead)
         reason = self._recompute.get(key)
         if reason is None:
-            graph = self.loaded.graph
-            try:
-                add_recompute(graph, empty_plan(graph), tensor, threshold=1, ahead=ahead)
-                reason = ""
-            except PlanError as e:
-                reason = str(e)
+            reason = recompute_refused(self.loaded.graph, tensor, threshold=1, ahead=ahead)
             if len(self._recompute) < 4096:
                 self._recompute[key] = reason
         return reason
@@ -245,7 +240,7 @@ def after_of(app: AppContext, base: Base, plan: Plan, digest: str | None = None
 
     ``digest`` identifies the plan in the cache (default: the SHA-256 of its JSON).
     """
-    if not (plan.swaps or plan.recomputes or plan.serialize or plan.sync_mode):
+    if plan.changes_nothing():
         return None
     digest = digest or plan_digest(plan.to_json())
 
@@ -470,31 +465,25 @@ def toggle_swap(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, 
 
     A recomputed tensor is swapped instead; if the swap is refused it stays recomputed.
     """
-    try:
-        loaded = app.resolve(graph_ref)
-        plan = plan_of(app, loaded, plan_data.get("json"))
+    def edit(loaded: LoadedGraph, plan: Plan) -> tuple[Plan, str] | Update:
         if tensor in plan.swapped():
-            new = remove_swap(plan, tensor)
-            verb = "no longer swapped"
-        else:
-            base = base_of(app, loaded, settings["batch"], settings.get("workspace", "accelerator"))
-            row = _live_row(base, tensor)
-            if row is not None and not row.swappable:
-                return refuse(f"{tensor} cannot be swapped: {row.reason}")
-            knobs = settings.get("knobs", {})
-            # one decision per tensor: the click replaces a recomputation
-            was_recomputed = tensor in plan.recomputed()
-            start = remove_recompute(plan, tensor) if was_recomputed else plan
-            # a hand toggle moves the tensor off the device for every consumer that is not
-            # adjacent to it (what the table calls swappable); ahead and groupby are the knobs'
-            new = add_swap(loaded.graph, start, tensor, threshold=1,
-                           ahead=int(knobs.get("ahead", 1)), groupby=int(knobs.get("groupby", 5)),
-                           sizes=base.sizes)
-            verb = "swapped instead of recomputed" if was_recomputed else "swapped"
-    except LmsError as e:
-        return refuse(f"edit refused: {e}")
-    return Update(plan=_plan_changed(app, loaded, new, "hand"), view={**view, "tensor": tensor},
-                  message=f"{tensor} {verb}; the plan has {plan_counts(new)}")
+            return remove_swap(plan, tensor), "no longer swapped"
+        base = base_of(app, loaded, settings["batch"], settings.get("workspace", "accelerator"))
+        row = _live_row(base, tensor)
+        if row is not None and not row.swappable:
+            return refuse(f"{tensor} cannot be swapped: {row.reason}")
+        knobs = settings.get("knobs", {})
+        # one decision per tensor: the click replaces a recomputation
+        was_recomputed = tensor in plan.recomputed()
+        start = remove_recompute(plan, tensor) if was_recomputed else plan
+        # a hand toggle moves the tensor off the device for every consumer that is not
+        # adjacent to it (what the table calls swappable); ahead and groupby are the knobs'
+        new = add_swap(loaded.graph, start, tensor, threshold=1,
+                       ahead=int(knobs.get("ahead", 1)), groupby=int(knobs.get("groupby", 5)),
+                       sizes=base.sizes)
+        return new, "swapped instead of recomputed" if was_recomputed else "swapped"
+
+    return _hand_edit(app, graph_ref, plan_data, view, tensor, edit)
 
 
 def toggle_recompute(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, Any],
@@ -506,20 +495,30 @@ def toggle_recompute(app: AppContext, graph_ref: dict[str, Any], settings: dict[
     before the first of them; a refusal says why in the core's words. A swapped tensor is
     recomputed instead; if the recomputation is refused it stays swapped.
     """
+    def edit(loaded: LoadedGraph, plan: Plan) -> tuple[Plan, str]:
+        if tensor in plan.recomputed():
+            return remove_recompute(plan, tensor), "no longer recomputed"
+        was_swapped = tensor in plan.swapped()
+        start = remove_swap(plan, tensor) if was_swapped else plan
+        ahead = int(settings.get("knobs", {}).get("ahead", 1))
+        new = add_recompute(loaded.graph, start, tensor, threshold=1, ahead=ahead)
+        return new, "recomputed instead of swapped" if was_swapped else "recomputed"
+
+    return _hand_edit(app, graph_ref, plan_data, view, tensor, edit)
+
+
+def _hand_edit(app: AppContext, graph_ref: dict[str, Any], plan_data: dict[str, Any],
+               view: dict[str, Any], tensor: str,
+               edit: Callable[[LoadedGraph, Plan], tuple[Plan, str] | Update]) -> Update:
+    """Apply a hand edit of ``tensor``'s decision to the current plan, or say why not."""
     try:
         loaded = app.resolve(graph_ref)
-        plan = plan_of(app, loaded, plan_data.get("json"))
-        if tensor in plan.recomputed():
-            new = remove_recompute(plan, tensor)
-            verb = "no longer recomputed"
-        else:
-            was_swapped = tensor in plan.swapped()
-            start = remove_swap(plan, tensor) if was_swapped else plan
-            ahead = int(settings.get("knobs", {}).get("ahead", 1))
-            new = add_recompute(loaded.graph, start, tensor, threshold=1, ahead=ahead)
-            verb = "recomputed instead of swapped" if was_swapped else "recomputed"
+        done = edit(loaded, plan_of(app, loaded, plan_data.get("json")))
     except LmsError as e:
         return refuse(f"edit refused: {e}")
+    if isinstance(done, Update):
+        return done
+    new, verb = done
     return Update(plan=_plan_changed(app, loaded, new, "hand"), view={**view, "tensor": tensor},
                   message=f"{tensor} {verb}; the plan has {plan_counts(new)}")
 
