@@ -337,10 +337,7 @@ def _evaluate(ctx: _Context, swaps: tuple[Swap, ...], sync_mode: int) -> _Score:
                 events.append((at, 1, gid, b.bytes, out_id))
                 events.append((cons[0], -1, gid, b.bytes, -1))  # waits run before the op
                 gid += 1
-    # live bytes at each position: allocated so far minus freed before it
-    alloc_c = np.cumsum(alloc[:n])
-    free_c = np.concatenate(([0], np.cumsum(free[: n - 1])))
-    peak = int((alloc_c - free_c + ctx.scratch[:n]).max()) if n else 0
+    peak = int(_live(ctx, alloc, free).max()) if n else ctx.base.input_bytes
     # time: a shift accumulates every wait on a transfer that is not done yet
     elapsed = ctx.elapsed
     done: dict[int, float] = {}
@@ -363,7 +360,18 @@ def _evaluate(ctx: _Context, swaps: tuple[Swap, ...], sync_mode: int) -> _Score:
             if sync_mode in (2, 3):
                 shift += h2d - now
     total = (float(elapsed[-1]) if n else 0.0) + shift
-    return _Score(peak + ctx.base.input_bytes, total, tuple(kept), swap_bytes)
+    return _Score(peak, total, tuple(kept), swap_bytes)
+
+
+def _live(ctx: _Context, alloc: np.ndarray, free: np.ndarray) -> np.ndarray:
+    """Transient bytes on the device at each schedule position.
+
+    What was allocated so far, minus what was freed before it, plus the position's
+    workspace and the feeds.
+    """
+    n = len(ctx.pos)
+    return (np.cumsum(alloc[:n]) - np.concatenate(([0], np.cumsum(free[: n - 1])))
+            + ctx.scratch[:n] + ctx.base.input_bytes)
 
 
 def _moved_readers(g: Graph, b, far: set[str]) -> set[str]:
@@ -467,11 +475,6 @@ def tune(
     base_seconds = sum(ctx.seconds)
     min_peak, bound = _lower_bound(graph, sizes, base)
 
-    def fits_fast(score: _Score) -> bool:
-        # the fast evaluator's estimate, with the race of the unswapped step's loops; the
-        # full simulation of the plan decides (_verify)
-        return score.transient_peak + base.race_bytes <= budget
-
     report(0.0, "simulating the unswapped step")
     empty = Plan(fingerprint(graph), params={"strategy": strategy})
     if budget < 0 or min_peak - persistent > budget:
@@ -482,20 +485,32 @@ def tune(
         return _result(graph, batch_size, empty, True, budget, memory, base, base,
                        base_seconds, base_seconds, strategy, ctx, min_peak, bound, {},
                        workspace)
-    if strategy in STRATEGIES:
-        per = _per_tensor(graph, batch_size, strategy, ctx, budget, memory, safety, workspace,
-                          min_peak, bound, base_seconds, report, stop)
-        if strategy != "hybrid":
-            return per
-        # the MILP's model errs more with recomputations in it (their intermediate
-        # buffers): swaps alone, and the knobs, are candidates too
-        others = [tune(graph, batch_size, memory, device=device, link=link, safety=safety,
-                       strategy=s, workspace=workspace, cancel=cancel)
-                  for s in ("swap", "knobs")]
-        best = min((per, *others), key=lambda r: (not r.fits, r.predicted_step_seconds
-                                                  if r.fits else r.predicted_peak_bytes))
-        return replace(best, strategy="hybrid",
-                       evaluations=per.evaluations + sum(r.evaluations for r in others))
+    args = (graph, batch_size, ctx, budget, memory, safety, workspace, min_peak, bound,
+            base_seconds, report, stop)
+    if strategy not in STRATEGIES:
+        return _knob_search(strategy, *args)
+    per = _per_tensor(strategy, *args)
+    if strategy != "hybrid":
+        return per
+    # the MILP's model errs more with recomputations in it (their intermediate buffers):
+    # swaps alone, and the knobs, are candidates too; all share one context
+    plans = (per, _per_tensor("swap", *args), _knob_search("knobs", *args))
+    best = min(plans, key=lambda r: (not r.fits, r.predicted_step_seconds
+                                     if r.fits else r.predicted_peak_bytes))
+    return replace(best, strategy="hybrid", evaluations=ctx.evaluations)
+
+
+def _knob_search(strategy, graph, batch_size, ctx, budget, memory, safety, workspace,
+                 min_peak, bound, base_seconds, report, stop) -> TuneResult:
+    """The TFLMS knob searches: ``tflms`` on memory alone, ``knobs`` with the time model."""
+    base = ctx.base
+
+    def fits_fast(score: _Score) -> bool:
+        # the fast evaluator's estimate, with the race of the unswapped step's loops; the
+        # full simulation of the plan decides (_verify)
+        return score.transient_peak + base.race_bytes <= budget
+
+    empty = Plan(fingerprint(graph), params={"strategy": strategy})
     max_dist = max((b.end - b.start for b in base.buffers), default=1)
     best: tuple[float, int, dict, tuple[Swap, ...]] | None = None
     # Largest threshold that fits, escalating the sync mode (TFLMS v2).
@@ -630,7 +645,7 @@ def _verify(graph, batch, swaps, knobs, budget, memory, base, base_seconds, stra
                    min_peak, bound, knobs, workspace, reason="verify")
 
 
-def _per_tensor(graph, batch, strategy, ctx, budget, memory, safety, workspace, min_peak,
+def _per_tensor(strategy, graph, batch, ctx, budget, memory, safety, workspace, min_peak,
                 bound, base_seconds, report, stop) -> TuneResult:
     """Plan per tensor (:mod:`lmscore.planners`), then check with the full simulation.
 
@@ -641,9 +656,7 @@ def _per_tensor(graph, batch, strategy, ctx, budget, memory, safety, workspace, 
     base = ctx.base
     report(0.1, "options per tensor")
     opts = options(graph, ctx.sizes, base, ctx.seconds, ctx.link, STRATEGIES[strategy])
-    n = len(ctx.pos)
-    live = (np.cumsum(ctx.alloc[:n]) - np.concatenate(([0], np.cumsum(ctx.free[: n - 1])))
-            + ctx.scratch[:n] + base.input_bytes)
+    live = _live(ctx, ctx.alloc, ctx.free)
     target = budget - base.race_bytes
     best = None
     knobs: dict = {"options": len(opts)}
