@@ -163,10 +163,9 @@ def options(
             move = b.bytes / link_bandwidth
             # the op after p_a waits for the swap-out, which starts when the producer ends
             stall_out = max(0.0, float(elapsed[pos[p]]) + move - float(start[p_a + 1]))
-            for lead in _leads(start, p_a, p_b, move):
-                trigger = _trigger_near(graph, ordering, tensor, far, schedule[lead])
-                if trigger is None:
-                    continue
+            triggers = {_trigger_near(graph, ordering, tensor, far, schedule[lead])
+                        for lead in _leads(start, p_a, p_b, move)}  # two leads may meet
+            for trigger in sorted(triggers - {None}):
                 t = pos[idx[trigger]]
                 if not p_a < t < p_b:
                     continue

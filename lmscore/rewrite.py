@@ -202,12 +202,10 @@ def _apply(
         cloned = set(r.ops)
         for o in r.ops:
             src = graph.ops[graph.index[o]]  # the original, whatever was rewired since
-            inputs = tuple(
-                f"{names[p]}:{port}" if p in cloned else t
-                for t in src.inputs for p, port in (split_tensor(t),)
-            )
-            roots = () if any(split_tensor(t)[0] in cloned for t in src.inputs) else (
-                r.trigger,)
+            producers = [split_tensor(t) for t in src.inputs]
+            inputs = tuple(f"{names[p]}:{port}" if p in cloned else t
+                           for t, (p, port) in zip(src.inputs, producers, strict=True))
+            roots = () if any(p in cloned for p, _ in producers) else (r.trigger,)
             ops[names[o]] = replace(
                 src, name=names[o], inputs=inputs,
                 control_inputs=tuple(dict.fromkeys((*src.control_inputs, *roots))),
