@@ -562,9 +562,9 @@ def _compare(graph: Any, batch: int, budget: int, opts: dict, ours: Any, bar: An
     bar(0.98, "Grappler swapping heuristic")
     from .grappler import grappler_baseline
 
-    g = grappler_baseline(graph, batch, budget)
+    g = grappler_baseline(graph, batch, budget, safety=opts["safety"])
     out["grappler"] = {
-        "fits": g.predicted_peak_bytes - ours.persistent_bytes <= ours.budget_bytes,
+        "fits": g.fits,
         "predicted_peak_bytes": g.predicted_peak_bytes,
         "swap_bytes": g.swap_bytes,
         "swapped_tensors": g.swapped_tensors,

@@ -659,6 +659,7 @@ def grappler_baseline(
     other_optimizers: bool = False,
     fold_shapes: bool = True,
     timeout: float = 600.0,
+    safety: float = 1.0,
 ) -> GrapplerResult:
     """Grappler's swapping for ``budget_bytes`` of GPU memory, evaluated by this project.
 
@@ -683,6 +684,9 @@ def grappler_baseline(
         Give Grappler the evaluated shape arithmetic as constants (see :func:`run_grappler`).
     timeout : float
         Seconds Grappler may take.
+    safety : float
+        Fraction of the free memory the step may use, for ``fits`` (as in
+        :func:`lmscore.tune.tune`).
 
     Returns
     -------
@@ -740,7 +744,7 @@ def grappler_baseline(
         budget_bytes=budget_bytes,
         baseline_peak_bytes=base.peak_bytes,
         grappler_peak_bytes=run.grappler_peak_bytes,
-        fits=ev.fits(budget_bytes),
+        fits=ev.fits(budget_bytes, safety),
         decisions=decisions,
         skipped=skipped,
     )
