@@ -491,7 +491,7 @@ def tune_report(result: Any) -> dict[str, Any]:
 def _cmd_tune(args: argparse.Namespace) -> int:
     from .plan import save_plan
     from .rewrite import rewrite
-    from .tune import max_batch, tune
+    from .tune import bound_batch, max_batch, tune
     from .units import parse_bytes
 
     budget = parse_bytes(args.budget)
@@ -512,6 +512,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             without, with_rw = max_batch(graph, budget, strategy=args.strategy, **opts)
             report["max_batch_without"] = without
             report["max_batch_with"] = with_rw
+            report["max_batch_bound"], report["max_batch_bound_op"] = bound_batch(
+                graph, budget, device=args.device, safety=args.safety,
+                workspace=args.workspace)
         if args.compare_grappler:
             report["comparison"] = _compare(graph, batch, budget, opts, result, bar)
     finally:
@@ -539,7 +542,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
               f"(+{result.predicted_overhead:.1%})")
     if args.max_batch:
         print(f"  largest batch: {report['max_batch_without']} without rewriting, "
-              f"{report['max_batch_with']} with the tuned rewrite")
+              f"{report['max_batch_with']} with the tuned rewrite; no plan goes past "
+              f"{report['max_batch_bound']} (op {report['max_batch_bound_op']!r} alone)")
     if args.compare_grappler:
         rows = [[name, "yes" if r["fits"] else "no", format_bytes(r["predicted_peak_bytes"]),
                  format_bytes(r["swap_bytes"]), f"{r['predicted_overhead']:.1%}", r["note"]]

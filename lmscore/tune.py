@@ -785,6 +785,44 @@ def max_batch(
     return without, max(with_rewrite, without)
 
 
+def bound_batch(
+    graph: Graph,
+    budget_bytes: int | None = None,
+    *,
+    device: str = "V100",
+    safety: float = 0.9,
+    workspace: str = "accelerator",
+    limit: int = 1 << 16,
+) -> tuple[int, str]:
+    """Largest batch that no plan can exceed: the one op's working set still fits.
+
+    A plan moves and recomputes tensors, never an op's own inputs and outputs while it
+    runs: above this batch, the op named (whose inputs, outputs and workspace are the
+    largest) does not fit the budget beside the persistent memory, whatever the plan.
+
+    Returns
+    -------
+    (int, str)
+        The batch (0 when not even batch 1 is bounded below the budget) and the op.
+    """
+    if device not in DEVICES:
+        raise ConfigError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
+    memory = DEVICES[device].memory_bytes if budget_bytes is None else budget_bytes
+    ops: dict[int, str] = {}
+
+    def ok(b: int) -> bool:
+        sizes = resolve(graph, b)
+        base = simulate(graph, b, sizes=sizes, workspace=workspace)
+        need, ops[b] = _lower_bound(graph, sizes, base)
+        return need - base.persistent_bytes <= transient_budget(
+            memory, base.persistent_bytes, safety)
+
+    batch = _max_true(ok, limit)
+    if batch and batch + 1 not in ops:
+        ok(batch + 1)
+    return batch, ops.get(batch + 1, ops.get(batch, ""))
+
+
 def _max_true(ok: Callable[[int], bool], limit: int, start: int = 1) -> int:
     if not ok(start):
         return 0 if start == 1 else start - 1 if ok(start - 1) else 0
@@ -801,5 +839,6 @@ def _max_true(ok: Callable[[int], bool], limit: int, start: int = 1) -> int:
     return lo
 
 
-__all__ = ["DEVICES", "LINKS", "STRATEGY_NAMES", "Device", "Link", "TuneResult", "max_batch",
+__all__ = ["DEVICES", "LINKS", "STRATEGY_NAMES", "Device", "Link", "TuneResult", "bound_batch",
+           "max_batch",
            "op_seconds", "tune"]
