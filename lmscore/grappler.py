@@ -724,7 +724,7 @@ def grappler_baseline(
     sizes = resolve(graph, batch_size)
     ev = evaluate_plan(graph, plan, batch_size, workspace="accelerator", sizes=sizes)
     base, rw, sim = ev.before, ev.rewrite, ev.after
-    ctx = _context(graph, sizes, base, dev, LINKS[link])
+    ctx = _context(graph, sizes, base, op_seconds(graph, sizes, dev), LINKS[link].bandwidth)
     base_seconds = sum(ctx.seconds)
     seconds = _evaluate(ctx, rw.plan.swaps, rw.plan.sync_mode).seconds
     overhead = max(0.0, seconds / base_seconds - 1) if base_seconds else 0.0

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .errors import GraphError
 from .ir import FEED_OPS, VARIABLE_OPS, Graph, op_signatures
@@ -228,7 +228,30 @@ def _is_write(op_type: str, input_dtypes: list[str], n_outputs: int = 1) -> bool
     )
 
 
+#: Attribute of an op made to wait for others only to fix the order ops run in
+#: (:func:`lmscore.schedule.scheduled`): the names of those others.
+SCHEDULED_AFTER = "_lms_after"
+
+
+def _unscheduled(graph: Graph) -> Graph:
+    """``graph`` without the control edges that only fix its order (:data:`SCHEDULED_AFTER`).
+
+    What an op is (forward, backward, update) does not change with the order it runs in.
+    """
+    if not any(SCHEDULED_AFTER in op.attrs for op in graph.ops):
+        return graph
+    ops = []
+    for op in graph.ops:
+        after = set(op.attrs.get(SCHEDULED_AFTER, ()))
+        if after:
+            op = replace(op, control_inputs=tuple(c for c in op.control_inputs
+                                                  if c not in after))
+        ops.append(op)
+    return graph.derive(ops, source=graph.source)
+
+
 def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], str | None]:
+    graph = _unscheduled(graph)
     ops = graph.ops
     adj = graph.adjacency
     n = len(ops)

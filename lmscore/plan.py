@@ -122,6 +122,10 @@ class Plan:
         one. TensorFlow runs ready ops concurrently and in no fixed order: on the emulated
         accelerator one tuned U-Net plan measured 0.82 to 1.28 of its budget over runs
         unpinned, 0.886 three times pinned (simulated 0.885).
+    schedule : tuple of str
+        Device ops in the order they must run (version 2): each waits for the previous one
+        by a control edge, before the swaps and recomputations are applied
+        (:func:`lmscore.schedule.memory_schedule` makes one). Empty: the executor's order.
     """
 
     graph: str
@@ -132,6 +136,7 @@ class Plan:
     version: int = PLAN_VERSION
     pin_schedule: bool = False
     recomputes: tuple[Recompute, ...] = ()
+    schedule: tuple[str, ...] = ()
 
     def swapped(self) -> tuple[str, ...]:
         """Names of the swapped tensors."""
@@ -143,7 +148,8 @@ class Plan:
 
     def changes_nothing(self) -> bool:
         """Whether the rewrite of this plan is the step itself."""
-        return not (self.swaps or self.recomputes or self.serialize or self.pin_schedule)
+        return not (self.swaps or self.recomputes or self.serialize or self.pin_schedule
+                    or self.schedule)
 
     def to_json(self) -> str:
         """Serialize to the versioned JSON format (stable key order)."""
@@ -172,6 +178,8 @@ class Plan:
                  "trigger": r.trigger}
                 for r in self.recomputes
             ]
+        if self.schedule:
+            doc["schedule"] = list(self.schedule)
         return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
@@ -265,8 +273,13 @@ def plan_from_json(text: str, source: str = "<plan>") -> Plan:
             names[key] = tuple(value)
         trigger = _field(r, "trigger", str, where)
         recomputes.append(Recompute(tensor, names["ops"], names["consumers"], trigger))
+    schedule = doc.get("schedule", [])
+    if schedule and version < 2:
+        raise PlanError(f"{source}: a schedule needs plan version 2")
+    if not isinstance(schedule, list) or not all(isinstance(c, str) for c in schedule):
+        raise PlanError(f"{source}: schedule must be a list of op names")
     return Plan(graph, tuple(swaps), sync, tuple(serialize), params, version, pin,
-                tuple(recomputes))
+                tuple(recomputes), tuple(schedule))
 
 
 def _short(value: Any) -> str:
@@ -843,6 +856,13 @@ def check_plan(graph: Graph, plan: Plan) -> None:
     if plan.graph != fingerprint(graph):
         raise PlanError(f"the plan was made for another graph (fingerprint {plan.graph}, "
                         f"{graph.source} has {fingerprint(graph)})")
+    if plan.version < 2 and plan.schedule:
+        raise PlanError("a schedule needs plan version 2")
+    if plan.schedule:
+        from .schedule import scheduled
+
+        _check_schedule(graph, plan.schedule)
+        graph = scheduled(graph, plan.schedule)  # swaps and recomputes apply to it
     ordering = order(graph)
     lv = ordering.levels
     idx = graph.index
@@ -885,6 +905,31 @@ def check_plan(graph: Graph, plan: Plan) -> None:
     for level in plan.serialize:
         if not 0 <= level < ordering.num_levels:
             raise PlanError(f"serialize: level {level} is outside 0..{ordering.num_levels - 1}")
+
+
+def _check_schedule(graph: Graph, names: Sequence[str]) -> None:
+    """Raise :class:`PlanError` unless ``names`` is an order ``graph`` can run its ops in.
+
+    Chaining each op after the previous closes a cycle exactly when a listed op depends
+    on one listed after it: ``latest[i]``, the last list position among the listed
+    ancestors of op ``i``, finds one in a single sweep in topological order.
+    """
+    idx = graph.index
+    at: dict[int, int] = {}
+    for k, name in enumerate(names):
+        if name not in idx:
+            raise PlanError(f"schedule: unknown op {name!r}")
+        if idx[name] in at:
+            raise PlanError(f"schedule: op {name!r} is listed twice")
+        at[idx[name]] = k
+    preds = graph.adjacency.preds
+    latest: dict[int, int] = {}
+    for i in order(graph).schedule:
+        m = max((max(latest.get(p, -1), at.get(p, -1)) for p in preds[i]), default=-1)
+        latest[i] = m
+        if i in at and m > at[i]:
+            raise PlanError(f"schedule: op {graph.ops[i].name!r} is listed before "
+                            f"{names[m]!r}, which it depends on")
 
 
 def _check_recompute(graph: Graph, ordering: Ordering, r: Recompute, seen: set[str]) -> None:
@@ -1101,16 +1146,18 @@ _HANDLES = frozenset({"resource", "variant"})
 def recompute_refusal(graph: Graph, ordering: Ordering, i: int) -> str:
     """Why op ``i`` is never recomputed ("" if it may be): the one definition.
 
-    Only forward ops are recomputed, and only those whose clone provably computes the same
-    values: no stateful op (a variable read may see a newer value, a stateful random op
-    draws new numbers; a stateless random op such as Keras' ``Dropout`` mask reads its
-    seed as a tensor, so its clone, reading the same seed, draws the same mask), no
-    function call, nothing that reads or makes a resource or a variant (tensor lists).
+    Only ops of the forward and backward passes are recomputed (a gradient's broadcast of a
+    small tensor is as cheap to make again as an activation), and only those whose clone
+    provably computes the same values: no stateful op (a variable read may see a newer
+    value, a stateful random op draws new numbers; a stateless random op such as Keras'
+    ``Dropout`` mask reads its seed as a tensor, so its clone, reading the same seed, draws
+    the same mask), no function call, nothing that reads or makes a resource or a variant
+    (tensor lists).
     """
     op = graph.ops[i]
     if op.attrs.get("_lms_role"):
         return f"a {str(op.attrs['_lms_role']).replace('_', '-')} op"
-    if ordering.categories[i] != FORWARD:
+    if ordering.categories[i] not in (FORWARD, BACKWARD):
         return f"{ordering.categories[i]} op"
     if op.type in _CALLS:
         return "a loop or function call"

@@ -55,6 +55,8 @@ MAX_CHAIN = 4
 #: Buffers smaller than this fraction of the transient peak get no options: they cannot
 #: matter to the fit and would only grow the MILP.
 MIN_FRACTION = 1e-3
+#: Idle stretches of one buffer that get options, the longest first.
+MAX_GAPS = 3
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,11 @@ class Option:
     ops : tuple of str
         The ops cloned (recompute only), in topological order.
     keeps : tuple of str
-        Tensors the clones read, which must be on the device at position ``hi + 1``.
+        Buffers (by the tensor that allocates them) the clones read, which must be on the
+        device at position ``hi + 1``.
+    buffer : str
+        The buffer freed, by the tensor that allocates it: one option per buffer, whichever
+        of the tensors that share it (views, in-place results) the option names.
     """
 
     tensor: str
@@ -91,6 +97,7 @@ class Option:
     trigger: str
     ops: tuple[str, ...] = ()
     keeps: tuple[str, ...] = ()
+    buffer: str = ""  # the tensor's own when empty
 
 
 def options(
@@ -125,14 +132,13 @@ def options(
     schedule = ordering.schedule
     elapsed = np.cumsum([seconds[i] for i in schedule]) if schedule else np.zeros(0)
     start = np.concatenate(([0.0], elapsed[:-1])) if len(elapsed) else elapsed
-    idx = graph.index
     swappable = {c.tensor: c for c in candidates(graph, sizes, 0, DEFAULT_PREDICATES,
                                                    exact=False)}
-    alive: dict[str, tuple[int, int]] = {}  # tensor -> its buffer's (first, last) position
+    alive: dict[str, tuple[int, int, str]] = {}  # tensor -> its buffer's first, last, owner
     for b in base.buffers:
         if not b.scratch and not b.host:
             for t in (b.tensor, *b.views):
-                alive[t] = (b.first, b.last)
+                alive[t] = (b.first, b.last, b.tensor)
     smallest = max(1, int(MIN_FRACTION * base.transient_peak_bytes))
     out: list[Option] = []
     for b in base.buffers:
@@ -141,52 +147,65 @@ def options(
         readers = sorted({pos[r] for r in b.readers})
         marks = [b.first, *readers]
         gaps = np.diff(marks)
-        k = int(np.argmax(gaps))
-        if gaps[k] < 3:
-            continue  # no idle stretch worth an option
-        p_a, p_b = marks[k], marks[k + 1]
-        far = tuple(graph.ops[schedule[q]].name for q in readers if q >= p_b)
-        # the far readers must all read one tensor of the buffer (itself or a view of it,
-        # such as a Relu written into its input), besides what they wrote into it in place
-        # themselves: one swap-in or one clone serves them
-        shared = {b.tensor, *b.views}
-        read = {t for c in far for t in graph.ops[idx[c]].inputs
-                if t in shared and split_tensor(t)[0] not in far}
-        if len(read) != 1:
-            continue
-        tensor = read.pop()
-        far = tuple(c for c in far if tensor in graph.ops[idx[c]].inputs)
-        producer, port = split_tensor(tensor)
-        p = idx[producer]
-        if "swap" in kinds and tensor in swappable and set(far) <= set(
-                swappable[tensor].far):
-            move = b.bytes / link_bandwidth
-            # the op after p_a waits for the swap-out, which starts when the producer ends
-            stall_out = max(0.0, float(elapsed[pos[p]]) + move - float(start[p_a + 1]))
-            triggers = {_trigger_near(graph, ordering, tensor, far, schedule[lead])
-                        for lead in _leads(start, p_a, p_b, move)}  # two leads may meet
-            for trigger in sorted(triggers - {None}):
-                t = pos[idx[trigger]]
-                if not p_a < t < p_b:
-                    continue
-                stall_in = max(0.0, float(elapsed[t]) + move - float(start[p_b]))
-                out.append(Option(tensor, "swap", p_a + 1, t - 1, b.bytes,
-                                  stall_out + stall_in, far, trigger))
-        if "recompute" in kinds:
-            chain = _chain(graph, ordering, p, p_b, alive, pos, shared)
-            if chain is None:
-                continue
-            trigger = _trigger_near(graph, ordering, tensor, far, schedule[p_b - 1])
-            if trigger is None:
-                continue
+        # the longest idle stretches (a gradient read early and again by a late sum has
+        # two): an option frees the buffer over one, for all the readers after it
+        for k in np.argsort(-gaps, kind="stable")[:MAX_GAPS]:
+            if gaps[k] >= 3:
+                out.extend(_buffer_options(graph, ordering, b, marks[k], marks[k + 1],
+                                           readers, alive, swappable, elapsed, start,
+                                           seconds, link_bandwidth, kinds))
+    return tuple(out)
+
+
+def _buffer_options(graph, ordering, b, p_a, p_b, readers, alive, swappable, elapsed, start,
+                    seconds, link_bandwidth, kinds) -> list[Option]:
+    """The options that free buffer ``b`` after position ``p_a`` until ``p_b``."""
+    pos = ordering.position
+    schedule = ordering.schedule
+    idx = graph.index
+    out: list[Option] = []
+    far = tuple(graph.ops[schedule[q]].name for q in readers if q >= p_b)
+    # the far readers must all read one tensor of the buffer (itself or a view of it,
+    # such as a Relu written into its input), besides what they wrote into it in place
+    # themselves: one swap-in or one clone serves them
+    shared = {b.tensor, *b.views}
+    read = {t for c in far for t in graph.ops[idx[c]].inputs
+            if t in shared and split_tensor(t)[0] not in far}
+    if len(read) != 1:
+        return out
+    tensor = read.pop()
+    far = tuple(c for c in far if tensor in graph.ops[idx[c]].inputs)
+    producer, port = split_tensor(tensor)
+    p = idx[producer]
+    if "swap" in kinds and tensor in swappable and set(far) <= set(
+            swappable[tensor].far):
+        move = b.bytes / link_bandwidth
+        # the op after p_a waits for the swap-out, which starts when the producer ends
+        stall_out = max(0.0, float(elapsed[pos[p]]) + move - float(start[p_a + 1]))
+        triggers = {_trigger_near(graph, ordering, tensor, far, schedule[lead])
+                    for lead in _leads(start, p_a, p_b, move)}  # two leads may meet
+        for trigger in sorted(triggers - {None}):
             t = pos[idx[trigger]]
             if not p_a < t < p_b:
                 continue
-            ops, keeps = chain
-            cost = sum(seconds[idx[o]] for o in ops)
-            out.append(Option(tensor, "recompute", p_a + 1, t, b.bytes, cost, far, trigger,
-                              ops, keeps))
-    return tuple(out)
+            stall_in = max(0.0, float(elapsed[t]) + move - float(start[p_b]))
+            out.append(Option(tensor, "swap", p_a + 1, t - 1, b.bytes,
+                              stall_out + stall_in, far, trigger, buffer=b.tensor))
+    if "recompute" in kinds:
+        chain = _chain(graph, ordering, p, p_b, alive, pos, shared)
+        if chain is None:
+            return out
+        trigger = _trigger_near(graph, ordering, tensor, far, schedule[p_b - 1])
+        if trigger is None:
+            return out
+        t = pos[idx[trigger]]
+        if not p_a < t < p_b:
+            return out
+        ops, keeps = chain
+        cost = sum(seconds[idx[o]] for o in ops)
+        out.append(Option(tensor, "recompute", p_a + 1, t, b.bytes, cost, far, trigger,
+                          ops, keeps, b.tensor))
+    return out
 
 
 def _leads(start: np.ndarray, p_a: int, p_b: int, move: float) -> list[int]:
@@ -210,7 +229,7 @@ def _trigger_near(
 
 def _chain(
     graph: Graph, ordering: Ordering, producer: int, at: int,
-    alive: dict[str, tuple[int, int]], pos: Sequence[int], freed: set[str],
+    alive: dict[str, tuple[int, int, str]], pos: Sequence[int], freed: set[str],
 ) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """The ops to clone so that ``producer``'s output can be made again at position ``at``.
 
@@ -238,7 +257,7 @@ def _chain(
             if span is None and cats[q] in ("persistent", "input"):
                 continue
             if span is not None and span[0] <= at <= span[1] and name not in freed:
-                keeps.add(name)
+                keeps.add(span[2])
                 continue
             stack.append(q)
     ops = tuple(graph.ops[i].name for i in sorted(chain, key=lambda i: pos[i]))
@@ -295,6 +314,8 @@ def solve(
     if n == 0 or int(live.max()) <= budget:
         return Solution((), True, 0.0, 0, 0, "fits as it is")
     opts = [o for o in opts if o.lo <= o.hi]
+    if not opts:
+        return Solution((), False, 0.0, 0, 0, "no tensor can be swapped or recomputed")
     cuts = sorted({0, n, *(o.lo for o in opts), *(o.hi + 1 for o in opts)})
     cuts = [c for c in cuts if 0 <= c <= n]
     seg_max = np.maximum.reduceat(live, cuts[:-1])
@@ -316,14 +337,14 @@ def solve(
         a = coo_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                       shape=(m, len(opts))).tocsr()
         constraints.append(LinearConstraint(a, (seg_max[over] - budget).astype(float), np.inf))
-    # at most one option per tensor; a recomputation's inputs stay on the device
-    by_tensor: dict[str, list[int]] = {}
+    # at most one option per buffer; a recomputation's inputs stay on the device
+    by_buffer: dict[str, list[int]] = {}
     for j, o in enumerate(opts):
-        by_tensor.setdefault(o.tensor, []).append(j)
-    pairs: list[list[int]] = [js for js in by_tensor.values() if len(js) > 1]
+        by_buffer.setdefault(o.buffer or o.tensor, []).append(j)
+    pairs: list[list[int]] = [js for js in by_buffer.values() if len(js) > 1]
     for j, o in enumerate(opts):
         for t in o.keeps:
-            for k in by_tensor.get(t, ()):
+            for k in by_buffer.get(t, ()):
                 if opts[k].lo <= o.hi + 1 <= opts[k].hi:
                     pairs.append([j, k])
     if pairs:
@@ -331,8 +352,6 @@ def solve(
         c = np.concatenate([np.asarray(p) for p in pairs])
         a = coo_array((np.ones(len(c)), (r, c)), shape=(len(pairs), len(opts))).tocsr()
         constraints.append(LinearConstraint(a, -np.inf, 1.0))
-    if not opts:
-        return Solution((), False, 0.0, m, 0, "no tensor can be swapped or recomputed")
     # seconds first; among equals, fewer bytes moved or recomputed
     total = sum(o.bytes for o in opts) or 1
     cost = np.array([o.seconds + 1e-9 * o.bytes / total for o in opts])

@@ -37,8 +37,9 @@ from dataclasses import dataclass, replace
 
 from .errors import GraphError, PlanError
 from .ir import Graph, Op, lint, split_tensor
-from .order import BACKWARD, FORWARD, SHAPE_ONLY_OPS, UPDATE, order
+from .order import SHAPE_ONLY_OPS, order
 from .plan import Plan, Swap, check_plan, control_safe
+from .schedule import chained_ops, scheduled
 
 SWAP_OUT, SWAP_IN = "swap_out", "swap_in"
 RECOMPUTE = "recompute"  # a role in the list of added ops only: clones are ordinary ops
@@ -117,6 +118,8 @@ def rewrite(graph: Graph, plan: Plan) -> Rewrite:
         If the plan does not fit the graph.
     """
     check_plan(graph, plan)
+    if plan.schedule:
+        graph = scheduled(graph, plan.schedule)
     try:
         new, added = _apply(graph, plan, plan.swaps)
         lint(new)
@@ -255,18 +258,8 @@ def _pinned(graph: Graph) -> Graph:
         after:   a -> b ;  a -> c ; b ->^ c
     """
     ordering = order(graph)
-    cats = ordering.categories
-    chain = [
-        i for i in ordering.schedule
-        if ordering.needed[i] and graph.ops[i].attrs.get("_lms_role") != SWAP_OUT
-        and (cats[i] in (FORWARD, BACKWARD, UPDATE) or graph.ops[i].attrs.get("_lms_role"))
-    ]
-    ops = list(graph.ops)
-    for a, b in zip(chain, chain[1:], strict=False):
-        name = graph.ops[a].name
-        if name not in ops[b].control_inputs:
-            ops[b] = replace(ops[b], control_inputs=(*ops[b].control_inputs, name))
-    return graph.derive(ops, source=graph.source)
+    chain = chained_ops(graph, ordering, ordering.schedule)
+    return scheduled(graph, [graph.ops[i].name for i in chain])
 
 
 def _released(graph: Graph, releases: list[tuple[str, str]], exact: bool) -> Graph:

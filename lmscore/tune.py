@@ -51,6 +51,7 @@ from .plan import (
     group_consumers,
 )
 from .planners import STRATEGIES, decisions, options, solve
+from .schedule import memory_schedule, scheduled
 from .shapes import Sizes, resolve
 
 
@@ -227,6 +228,8 @@ class _Context:
     triggers: dict = field(default_factory=dict)
     moved: dict = field(default_factory=dict)
     evaluations: int = 0
+    # the step in a memory-aware order: (schedule, its context), made on first need
+    rescheduled: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -238,7 +241,7 @@ class _Score:
 
 
 def _context(
-    graph: Graph, sizes: Sizes, base: Simulation, device: Device, link: Link
+    graph: Graph, sizes: Sizes, base: Simulation, seconds: list[float], link: float
 ) -> _Context:
     ordering = order(graph)
     n = len(graph.ops)
@@ -256,7 +259,6 @@ def _context(
             owner[b.tensor] = k
             for v in b.views:
                 owner[v] = k
-    seconds = op_seconds(graph, sizes, device)
     elapsed = np.cumsum([seconds[i] for i in ordering.schedule])
     lv = ordering.levels
     cands = []
@@ -266,7 +268,7 @@ def _context(
             continue
         readers = tuple(sorted((lv[graph.index[r]], r) for r in c.far))
         cands.append((c.tensor, c.producer_level, readers))
-    return _Context(graph, sizes, base, pos, seconds, link.bandwidth, owner, alloc, free,
+    return _Context(graph, sizes, base, pos, seconds, link, owner, alloc, free,
                     scratch, elapsed, cands)
 
 
@@ -471,7 +473,7 @@ def tune(
     base = simulate(graph, batch_size, sizes=sizes, workspace=workspace)
     persistent = base.persistent_bytes
     budget = transient_budget(memory, persistent, safety)
-    ctx = _context(graph, sizes, base, dev, LINKS[link])
+    ctx = _context(graph, sizes, base, op_seconds(graph, sizes, dev), LINKS[link].bandwidth)
     base_seconds = sum(ctx.seconds)
     min_peak, bound = _lower_bound(graph, sizes, base)
 
@@ -654,10 +656,48 @@ def _per_tensor(strategy, graph, batch, ctx, budget, memory, safety, workspace, 
     queue or where triggers land in the rewritten schedule.
     """
     base = ctx.base
+    best, knobs = _solve_and_check(strategy, graph, batch, ctx, (), budget, memory, safety,
+                                   workspace, report, stop, base)
+    if best is None or not best[2]:
+        # The executor's order runs parallel branches op by op in alternation, and what
+        # is on the device there cannot all be freed: plan again in a memory-aware order.
+        if ctx.rescheduled is None:
+            report(0.5, "a memory-aware order of the step")
+            names = memory_schedule(graph, base)
+            step = scheduled(graph, names)
+            sim = simulate(step, batch, sizes=ctx.sizes, workspace=workspace)
+            ctx.rescheduled = (names, _context(step, ctx.sizes, sim, ctx.seconds, ctx.link))
+        names, other = ctx.rescheduled
+        again, knobs2 = _solve_and_check(strategy, graph, batch, other, names, budget,
+                                         memory, safety, workspace, report, stop, base)
+        ctx.evaluations += other.evaluations
+        other.evaluations = 0
+        if again is not None and (best is None or again[2] or again[0].after.worst_peak_bytes
+                                  < best[0].after.worst_peak_bytes):
+            best, knobs = again, {**knobs2, "schedule": "memory-aware"}
+    if best is None:
+        empty = Plan(fingerprint(graph), params={"strategy": strategy})
+        return _result(graph, batch, empty, False, budget, memory, base, base, base_seconds,
+                       base_seconds, strategy, ctx, min_peak, bound, knobs, workspace,
+                       reason="search")
+    ev, seconds, fit = best
+    return _result(graph, batch, ev.plan, fit, budget, memory, base, ev.after, base_seconds,
+                   seconds, strategy, ctx, min_peak, bound, knobs, workspace,
+                   reason="" if fit else "verify")
+
+
+def _solve_and_check(strategy, graph, batch, ctx, schedule, budget, memory, safety, workspace,
+                     report, stop, before):
+    """Solve the MILP on ``ctx``'s order and evaluate its plan in full, up to 8 times.
+
+    Returns ``((evaluation, seconds, fits), knobs)``: the first plan that fits, else the
+    one with the smallest peak (None if the MILP found none).
+    """
     report(0.1, "options per tensor")
-    opts = options(graph, ctx.sizes, base, ctx.seconds, ctx.link, STRATEGIES[strategy])
+    step = ctx.graph  # the original, or the original in ``schedule``'s order
+    opts = options(step, ctx.sizes, ctx.base, ctx.seconds, ctx.link, STRATEGIES[strategy])
     live = _live(ctx, ctx.alloc, ctx.free)
-    target = budget - base.race_bytes
+    target = budget - ctx.base.race_bytes
     best = None
     knobs: dict = {"options": len(opts)}
     for attempt in range(8):
@@ -671,27 +711,18 @@ def _per_tensor(strategy, graph, batch, ctx, budget, memory, safety, workspace, 
         swaps, recomputes = decisions(sol.chosen)
         plan = Plan(fingerprint(graph), swaps, 0, (),
                     {"strategy": strategy, "batch_size": batch}, pin_schedule=True,
-                    recomputes=recomputes)
-        ev = evaluate_plan(graph, plan, batch, workspace=workspace, before=base,
+                    recomputes=recomputes, schedule=tuple(schedule))
+        ev = evaluate_plan(graph, plan, batch, workspace=workspace, before=before,
                            sizes=ctx.sizes)
         seconds = _seconds(ctx, ev.plan)
         knobs = {"options": len(opts), "rows": sol.rows, "attempts": attempt + 1}
         if ev.fits(memory, safety):
-            return _result(graph, batch, ev.plan, True, budget, memory, base, ev.after,
-                           base_seconds, seconds, strategy, ctx, min_peak, bound, knobs,
-                           workspace)
+            return (ev, seconds, True), knobs
         if best is None or ev.after.worst_peak_bytes < best[0].after.worst_peak_bytes:
-            best = (ev, seconds)
-        over = ev.after.worst_peak_bytes - base.persistent_bytes - budget
+            best = (ev, seconds, False)
+        over = ev.after.worst_peak_bytes - ctx.base.persistent_bytes - budget
         target -= max(over, budget // 100, 1)
-    if best is None:
-        empty = Plan(fingerprint(graph), params={"strategy": strategy})
-        return _result(graph, batch, empty, False, budget, memory, base, base, base_seconds,
-                       base_seconds, strategy, ctx, min_peak, bound, knobs, workspace,
-                       reason="search")
-    ev, seconds = best
-    return _result(graph, batch, ev.plan, False, budget, memory, base, ev.after, base_seconds,
-                   seconds, strategy, ctx, min_peak, bound, knobs, workspace, reason="verify")
+    return best, knobs
 
 
 def _seconds(ctx: _Context, plan: Plan) -> float:
@@ -727,7 +758,7 @@ def _result(graph, batch, plan, fits, budget, memory, base, sim, base_seconds, s
 
     swap_bytes = sum(b.bytes for b in sim.buffers if b.host)
     overhead = max(0.0, seconds / base_seconds - 1) if base_seconds else 0.0
-    if fits and not (plan.swaps or plan.recomputes):
+    if fits and plan.changes_nothing():
         need = format_bytes(base.worst_peak_bytes - base.persistent_bytes)
         race = (f", plus {format_bytes(base.race_bytes)} if its loops run their whole "
                 "parallel_iterations window ahead" if base.race_bytes else "")
@@ -735,8 +766,10 @@ def _result(graph, batch, plan, fits, budget, memory, base, sim, base_seconds, s
                    f"{format_bytes(budget)} (device peak {format_bytes(base.peak_bytes)}{race})")
     elif fits:
         rec = f" and {len(plan.recomputes)} recomputed" if plan.recomputes else ""
+        how = " in a memory-aware order" if plan.schedule else ""
         message = (f"fits with {len(plan.swaps)} swapped tensors "
-                   f"({format_bytes(swap_bytes)}){rec}: peak {format_bytes(base.peak_bytes)} -> "
+                   f"({format_bytes(swap_bytes)}){rec}{how}: peak "
+                   f"{format_bytes(base.peak_bytes)} -> "
                    f"{format_bytes(sim.peak_bytes)}, predicted overhead {overhead:.1%}")
     elif reason == "bound":
         usable = format_bytes(budget + base.persistent_bytes)

@@ -1,0 +1,135 @@
+"""A memory-aware order of the device ops, and the graph that runs in it.
+
+TensorFlow's executor runs ready ops first in, first out: on a GPU with one compute stream
+the device runs them in the order :func:`lmscore.order.order` simulates. Where the step
+has parallel branches (a ResNet block's shortcut and its main path, whose gradients run
+side by side) that order interleaves them, and every branch's working set is on the
+device at once. A swap or a recomputation frees a tensor while it waits; it cannot free
+the tensors of two branches that the executor computes op by op in alternation.
+
+:func:`memory_schedule` is a greedy list scheduler over the same buffers as the
+simulation (XLA's list memory scheduler works the same way): among the ready ops it runs
+the one that frees the most bytes net of what it allocates, the executor's order breaking
+ties, so that a branch is finished before the next is started. :func:`scheduled` pins an
+order with control edges (each op after the previous), which is what a plan with a
+``schedule`` does before its swaps and recomputations (:func:`lmscore.rewrite.rewrite`),
+so the simulation and the device both run it. On ResNet-50 at batch 800 (V100 16 GiB) no
+plan fits in the executor's order (what cannot be freed there is 17.4 GiB of a 14.2 GiB
+budget) and a swap plan in this order fits.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import replace
+
+from .ir import Graph
+from .memory import Simulation
+from .order import BACKWARD, FORWARD, SCHEDULED_AFTER, UPDATE, Ordering, order
+
+
+def chained_ops(graph: Graph, ordering: Ordering, schedule: Sequence[int]) -> list[int]:
+    """The ops of ``schedule`` that a pinned order chains: those that run on the device.
+
+    Swap-outs run on the host; feeds, variables and constants are there before the step
+    starts; ops the step prunes never run.
+    """
+    from .rewrite import SWAP_OUT
+
+    cats = ordering.categories
+    return [
+        i for i in schedule
+        if ordering.needed[i] and graph.ops[i].attrs.get("_lms_role") != SWAP_OUT
+        and (cats[i] in (FORWARD, BACKWARD, UPDATE) or graph.ops[i].attrs.get("_lms_role"))
+    ]
+
+
+def scheduled(graph: Graph, names: Sequence[str]) -> Graph:
+    """``graph`` with each op of ``names`` made to wait for the previous one (control edges).
+
+    The names must be in an order the graph allows (:func:`lmscore.plan.check_plan`
+    checks a plan's), so the edges close no cycle::
+
+        before:  a -> b ;  a -> c        (b and c ready together, either may run first)
+        after:   a -> b ;  a -> c ; b ->^ c
+    """
+    ops = list(graph.ops)
+    idx = graph.index
+    for a, b in zip(names, names[1:], strict=False):
+        j = idx[b]
+        op = ops[j]
+        if a not in op.control_inputs:
+            ops[j] = replace(op, control_inputs=(*op.control_inputs, a), attrs={
+                **op.attrs, SCHEDULED_AFTER: (*op.attrs.get(SCHEDULED_AFTER, ()), a)})
+    return graph.derive(ops, source=graph.source)
+
+
+def memory_schedule(graph: Graph, sim: Simulation) -> tuple[str, ...]:
+    """The device ops of ``graph`` in a memory-aware order (see the module docstring).
+
+    Parameters
+    ----------
+    graph : Graph
+    sim : Simulation
+        The step simulated in the executor's order: its buffers (who allocates them and
+        who reads them) and their sizes drive the choice.
+
+    Returns
+    -------
+    tuple of str
+        The names of the ops to chain, in order (:func:`chained_ops` of the order).
+    """
+    ordering = order(graph)
+    adj = graph.adjacency
+    n = len(graph.ops)
+    pos = ordering.position
+    alloc = [0] * n
+    reads: list[list[int]] = [[] for _ in range(n)]
+    sizes: list[int] = []
+    left: list[int] = []
+    for b in sim.buffers:
+        k = len(sizes)
+        own = not (b.host or b.scratch)
+        sizes.append(b.bytes if own else 0)
+        readers = set(b.readers) if own else set()
+        left.append(len(readers))
+        if own:
+            alloc[b.producer] += b.bytes
+        for r in readers:
+            reads[r].append(k)
+    # what an op frees when it runs now: the buffers it is the last unscheduled reader of
+    frees = [sum(sizes[k] for k in reads[i] if left[k] == 1) for i in range(n)]
+    indeg = [len(adj.preds[i]) for i in range(n)]
+    heap = [(alloc[i] - frees[i], pos[i], i) for i in range(n) if indeg[i] == 0]
+    heapq.heapify(heap)
+    done = [False] * n
+    ready = [indeg[i] == 0 for i in range(n)]
+    out: list[int] = []
+    while heap:
+        key, _, i = heapq.heappop(heap)
+        if done[i] or key != alloc[i] - frees[i]:
+            continue  # a stale entry: the op was run, or its key has improved since
+        done[i] = True
+        out.append(i)
+        for k in reads[i]:
+            left[k] -= 1
+            if left[k] == 1:  # its one reader left now frees it
+                for r in _unscheduled_readers(reads, k, sim, done):
+                    frees[r] += sizes[k]
+                    if ready[r]:
+                        heapq.heappush(heap, (alloc[r] - frees[r], pos[r], r))
+        for s in adj.succs[i]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                ready[s] = True
+                heapq.heappush(heap, (alloc[s] - frees[s], pos[s], s))
+    return tuple(graph.ops[i].name for i in chained_ops(graph, ordering, out))
+
+
+def _unscheduled_readers(reads: list[list[int]], k: int, sim: Simulation,
+                         done: list[bool]) -> list[int]:
+    return [r for r in set(sim.buffers[k].readers) if not done[r]]
+
+
+__all__ = ["chained_ops", "memory_schedule", "scheduled"]

@@ -1,0 +1,127 @@
+"""A memory-aware order of the device ops: the scheduler, plans that carry one, exactly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from graphs import TINY_CATEGORIES, t, tiny_step
+
+from lmscore.errors import PlanError
+from lmscore.evaluate import evaluate_plan
+from lmscore.ir import Graph, Op
+from lmscore.memory import simulate
+from lmscore.order import order
+from lmscore.plan import Plan, Swap, SwapIn, check_plan, fingerprint, plan_from_json
+from lmscore.schedule import memory_schedule, scheduled
+from lmscore.tune import tune
+
+BIG, SMALL = t("float", 1, 1000), t("float", 1, 8)
+
+
+def branches() -> Graph:
+    """x -> a1 (4000 B) -> s1 ; x -> a2 (4000 B) -> s2 ; j = s1 + s2.
+
+    The executor runs a1 and a2 first (both ready at level 1): both big buffers at once.
+    """
+    return Graph((
+        Op("x", "Placeholder", outputs=SMALL),
+        Op("a1", "MatMul", inputs=("x:0", "x:0"), outputs=BIG),
+        Op("a2", "MatMul", inputs=("x:0", "x:0"), outputs=BIG),
+        Op("s1", "MatMul", inputs=("a1:0", "x:0"), outputs=SMALL),
+        Op("s2", "MatMul", inputs=("a2:0", "x:0"), outputs=SMALL),
+        Op("j", "AddV2", inputs=("s1:0", "s2:0"), outputs=SMALL),
+    ), "branches")
+
+
+def test_memory_schedule_finishes_a_branch_before_the_next():
+    g = branches()
+    base = simulate(g, 1)
+    assert [g.ops[i].name for i in order(g).schedule] == ["x", "a1", "a2", "s1", "s2", "j"]
+    # x 32 + a1 4000 + a2 4000 + s1 32
+    assert base.peak_bytes == 8064
+    names = memory_schedule(g, base)
+    # a1 and a2 both allocate 4000 B (the executor's order breaks the tie); then s1 frees
+    # 4000 - 32 B and goes first; the feed x is not chained (it is there before the step)
+    assert names == ("a1", "s1", "a2", "s2", "j")
+    step = scheduled(g, names)
+    assert step.op("s1").control_inputs == ("a1",)
+    assert step.op("a2").control_inputs == ("s1",)
+    assert step.op("a1").control_inputs == ()
+    assert step.op("a2").attrs["_lms_after"] == ("s1",)
+    assert [step.ops[i].name for i in order(step).schedule] == ["x", "a1", "s1", "a2", "s2",
+                                                                "j"]
+    # x 32 + s1 32 + a2 4000 + s2 32
+    assert simulate(step, 1).peak_bytes == 4096
+
+
+def test_an_order_keeps_what_each_op_is():
+    """Control edges that only fix the order change no category (update stays update)."""
+    g = tiny_step()
+    o = order(g)
+    names = [g.ops[i].name for i in o.schedule if o.categories[i] in
+             ("forward", "backward", "update")]
+    step = scheduled(g, names)
+    cats = order(step).categories
+    assert {op.name: cats[i] for i, op in enumerate(step.ops)} == TINY_CATEGORIES
+    assert step.op("upd").control_inputs == ("g_w",)
+
+
+def test_a_plan_carries_its_schedule_and_the_rewrite_applies_it():
+    g = branches()
+    names = memory_schedule(g, simulate(g, 1))
+    plan = Plan(fingerprint(g), schedule=names, pin_schedule=True)
+    assert not plan.changes_nothing()
+    again = plan_from_json(plan.to_json())
+    assert again == plan and json.loads(plan.to_json())["schedule"] == list(names)
+    ev = evaluate_plan(g, plan, 1)
+    assert ev.after.peak_bytes == 4096 and ev.before.peak_bytes == 8064
+    assert ev.rewrite.graph.op("a2").control_inputs == ("s1",)
+
+
+def test_a_schedule_against_the_graph_is_refused():
+    g = branches()
+    fp = fingerprint(g)
+    with pytest.raises(PlanError, match="schedule: op 'j' is listed before 's1', which it "
+                                        "depends on"):
+        check_plan(g, Plan(fp, schedule=("a1", "j", "s1")))
+    with pytest.raises(PlanError, match="schedule: op 'a1' is listed twice"):
+        check_plan(g, Plan(fp, schedule=("a1", "s1", "a1")))
+    with pytest.raises(PlanError, match="schedule: unknown op 'zz'"):
+        check_plan(g, Plan(fp, schedule=("a1", "zz")))
+    with pytest.raises(PlanError, match="schedule needs plan version 2"):
+        check_plan(g, Plan(fp, schedule=("a1", "s1"), version=1))
+    doc = json.loads(Plan(fp).to_json())
+    doc["schedule"] = [1, 2]
+    with pytest.raises(PlanError, match="schedule must be a list of op names"):
+        plan_from_json(json.dumps(doc), "p.json")
+
+
+def test_swaps_apply_to_the_step_in_its_schedule():
+    """A swap's trigger may be an op that only the schedule puts before its consumer."""
+    g = Graph((*branches().ops, Op("k", "MatMul", inputs=("j:0", "a1:0"), outputs=SMALL)),
+              "branches+late")
+    names = ("a1", "s1", "a2", "s2", "j", "k")
+    # s2 reaches k only through the schedule's edges (s2 -> j -> k): a trigger either way
+    plan = Plan(fingerprint(g), swaps=(Swap("a1:0", (SwapIn(("k",), "s2"),)),),
+                schedule=names, pin_schedule=True)
+    ev = evaluate_plan(g, plan, 1)
+    new = ev.rewrite.graph
+    # its trigger, then the op before it in the pinned order
+    assert new.op("lms/swapin_a1_0_0").control_inputs == ("s2", "j")
+    assert new.op("k").inputs == ("j:0", "lms/swapin_a1_0_0:0")
+    # a1 goes to the host after s1; a2 (4000) is alone on the device until s2 ends
+    assert ev.after.peak_bytes < ev.before.peak_bytes
+
+
+def test_the_tuner_reorders_when_no_plan_fits_in_the_executors_order():
+    g = branches()
+    # 6000 B: the executor's order needs 8064 and nothing can be swapped (each big tensor
+    # is read right after it is made); in the memory-aware order the step needs 4096
+    r = tune(g, 1, 6000, safety=1.0, strategy="swap")
+    assert r.fits and r.predicted_peak_bytes == 4096 and r.baseline_peak_bytes == 8064
+    assert r.plan.schedule == ("a1", "s1", "a2", "s2", "j") and r.plan.pin_schedule
+    assert r.knobs["schedule"] == "memory-aware"
+    assert "memory-aware order" in r.message
+    # a budget under the memory-aware order's peak: still an honest refusal
+    assert not tune(g, 1, 4000, safety=1.0, strategy="swap").fits
