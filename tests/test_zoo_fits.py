@@ -91,6 +91,26 @@ def test_plan_with_recomputes_fits_where_it_runs(name, batch, fraction, strategy
     assert v.max_abs_diff == 0.0
 
 
+def test_plan_in_a_memory_aware_order_fits_where_it_runs() -> None:
+    """A plan that pins a memory-aware order of the ops (lmscore.schedule), measured.
+
+    The 2-D U-Net at 40%: no per-tensor swap plan fits in the executor's order, so the
+    tuner plans again in a memory-aware one.
+    """
+    g = zoo.graph("unet2d")
+    base = simulate(g, 4, workspace="cpu")
+    device = int(base.persistent_bytes + base.input_bytes + 0.4 * base.transient_peak_bytes)
+    result = tune(g, 4, device, workspace="cpu", strategy="swap")
+    if not result.fits and "alone needs" in result.message:
+        # Eigen's im2col buffer of one convolution gradient is over the budget by itself
+        pytest.skip(result.message)
+    assert result.fits and result.plan.schedule, result.message
+    v = validate_plan(g, result.plan, 4, runs=3, grappler=False)
+    measured = v.measured_device_peak_bytes["rewritten"]
+    assert measured <= device and v.saving_ratio >= 0.9, (measured, device, v.saving_ratio)
+    assert v.max_abs_diff == 0.0
+
+
 def test_most_cases_fitted() -> None:
     """Run after the cases: at least half of them produced a plan that was measured."""
     ran = [c for c in CASES if not hasattr(c, "marks")]
