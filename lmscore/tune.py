@@ -14,8 +14,9 @@ Two strategies search the TFLMS v2 knobs:
 
 Three plan per tensor (:mod:`lmscore.planners`, a MILP solved by HiGHS): ``swap``,
 ``recompute``, and ``hybrid``, the default, which may do either for each tensor and keeps
-its plan, the ``swap`` plan or the ``knobs`` plan, whichever is predicted faster among
-those that fit.
+its plan, the ``swap`` plan, the ``recompute`` plan or the ``knobs`` plan, whichever is
+predicted faster among those that fit. Where no plan fits in the executor's order, the
+per-tensor planners plan again in a memory-aware one (:mod:`lmscore.schedule`).
 
 The time model: op time = max(FLOPs / peak FLOP/s, bytes / memory bandwidth) on a device
 preset, plus a launch cost; a transfer takes bytes / link bandwidth on one copy queue per
@@ -431,8 +432,9 @@ def tune(
         Fraction of the free device memory that may be used (0 < safety <= 1).
     strategy : {"hybrid", "swap", "recompute", "knobs", "tflms"}
         ``hybrid`` (the default; ``"default"`` is the same) plans per tensor, swap or
-        recompute (:mod:`lmscore.planners`), and keeps that plan, the ``swap`` one or the
-        ``knobs`` one, whichever is predicted faster among those that fit; ``swap`` and
+        recompute (:mod:`lmscore.planners`), and keeps that plan, the ``swap`` one, the
+        ``recompute`` one or the ``knobs`` one, whichever is predicted faster among those
+        that fit; ``swap`` and
         ``recompute`` plan per tensor with one kind of option only; ``knobs`` searches TFLMS's knobs
         with the time model; ``tflms`` is TFLMS's own greedy search on memory.
     workspace : str
@@ -494,9 +496,10 @@ def tune(
     per = _per_tensor(strategy, *args)
     if strategy != "hybrid":
         return per
-    # the MILP's model errs more with recomputations in it (their intermediate buffers):
-    # swaps alone, and the knobs, are candidates too; all share one context
-    plans = (per, _per_tensor("swap", *args), _knob_search("knobs", *args))
+    # the MILP's model errs (the clones' intermediate buffers, the link's queue): swaps
+    # alone, recomputations alone and the knobs are candidates too; all share one context
+    plans = (per, _per_tensor("swap", *args), _per_tensor("recompute", *args),
+             _knob_search("knobs", *args))
     best = min(plans, key=lambda r: (not r.fits, r.predicted_step_seconds
                                      if r.fits else r.predicted_peak_bytes))
     return replace(best, strategy="hybrid", evaluations=ctx.evaluations)

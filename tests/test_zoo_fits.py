@@ -42,7 +42,7 @@ CASES = [
     ("fit_mixed_transformer", 4, 0.6),
 ]
 #: Plans with recomputed tensors (the hybrid planner's per-tensor MILP, measured).
-RECOMPUTE_CASES = [("stochastic_depth_cnn", 16, 0.4, "hybrid")]
+RECOMPUTE_CASES = [("mobilenet_v2", 64, 0.7, "hybrid"), ("mobilenet_v2", 64, 0.8, "recompute")]
 _FITTED: list[str] = []
 
 
@@ -81,9 +81,11 @@ def test_plan_with_recomputes_fits_where_it_runs(name, batch, fraction, strategy
     device = int(base.persistent_bytes + base.input_bytes
                  + fraction * base.transient_peak_bytes)
     result = tune(g, batch, device, workspace="cpu", strategy=strategy)
-    if not result.fits and "alone needs" in result.message:
-        # Eigen's im2col buffer of one convolution gradient is over the budget by itself
-        pytest.skip(result.message)
+    if not result.fits and strategy == "recompute":
+        # an honest refusal (recomputation alone fits MobileNetV2 at 80% under oneDNN's
+        # kernels, not under Eigen's), as in test_tuned_plan_fits_where_it_runs
+        assert result.message.startswith("does not fit")
+        return
     assert result.fits and result.recomputed_tensors > 0, result.message
     v = validate_plan(g, result.plan, batch, runs=3, grappler=False)
     measured = v.measured_device_peak_bytes["rewritten"]
