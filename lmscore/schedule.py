@@ -21,6 +21,7 @@ budget) and a swap plan in this order fits.
 from __future__ import annotations
 
 import heapq
+import weakref
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -45,6 +46,12 @@ def chained_ops(graph: Graph, ordering: Ordering, schedule: Sequence[int]) -> li
     ]
 
 
+#: Each graph's last scheduled step: checking a plan, rewriting it and planning it ask for
+#: the same one (graphs are immutable, and the same object keeps its cached ordering).
+_SCHEDULED: weakref.WeakKeyDictionary[Graph, tuple[tuple[str, ...], Graph]] = (
+    weakref.WeakKeyDictionary())
+
+
 def scheduled(graph: Graph, names: Sequence[str]) -> Graph:
     """``graph`` with each op of ``names`` made to wait for the previous one (control edges).
 
@@ -54,6 +61,10 @@ def scheduled(graph: Graph, names: Sequence[str]) -> Graph:
         before:  a -> b ;  a -> c        (b and c ready together, either may run first)
         after:   a -> b ;  a -> c ; b ->^ c
     """
+    names = tuple(names)
+    last = _SCHEDULED.get(graph)
+    if last is not None and last[0] == names:
+        return last[1]
     ops = list(graph.ops)
     idx = graph.index
     for a, b in zip(names, names[1:], strict=False):
@@ -62,7 +73,9 @@ def scheduled(graph: Graph, names: Sequence[str]) -> Graph:
         if a not in op.control_inputs:
             ops[j] = replace(op, control_inputs=(*op.control_inputs, a), attrs={
                 **op.attrs, SCHEDULED_AFTER: (*op.attrs.get(SCHEDULED_AFTER, ()), a)})
-    return graph.derive(ops, source=graph.source)
+    step = graph.derive(ops, source=graph.source)
+    _SCHEDULED[graph] = (names, step)
+    return step
 
 
 def memory_schedule(graph: Graph, sim: Simulation) -> tuple[str, ...]:
@@ -104,7 +117,7 @@ def memory_schedule(graph: Graph, sim: Simulation) -> tuple[str, ...]:
     heap = [(alloc[i] - frees[i], pos[i], i) for i in range(n) if indeg[i] == 0]
     heapq.heapify(heap)
     done = [False] * n
-    ready = [indeg[i] == 0 for i in range(n)]
+    readers = [tuple(set(b.readers)) for b in sim.buffers]
     out: list[int] = []
     while heap:
         key, _, i = heapq.heappop(heap)
@@ -115,21 +128,16 @@ def memory_schedule(graph: Graph, sim: Simulation) -> tuple[str, ...]:
         for k in reads[i]:
             left[k] -= 1
             if left[k] == 1:  # its one reader left now frees it
-                for r in _unscheduled_readers(reads, k, sim, done):
-                    frees[r] += sizes[k]
-                    if ready[r]:
-                        heapq.heappush(heap, (alloc[r] - frees[r], pos[r], r))
+                for r in readers[k]:
+                    if not done[r]:
+                        frees[r] += sizes[k]
+                        if indeg[r] == 0:  # ready: its entry's key has improved
+                            heapq.heappush(heap, (alloc[r] - frees[r], pos[r], r))
         for s in adj.succs[i]:
             indeg[s] -= 1
             if indeg[s] == 0:
-                ready[s] = True
                 heapq.heappush(heap, (alloc[s] - frees[s], pos[s], s))
     return tuple(graph.ops[i].name for i in chained_ops(graph, ordering, out))
-
-
-def _unscheduled_readers(reads: list[list[int]], k: int, sim: Simulation,
-                         done: list[bool]) -> list[int]:
-    return [r for r in set(sim.buffers[k].readers) if not done[r]]
 
 
 __all__ = ["chained_ops", "memory_schedule", "scheduled"]

@@ -231,6 +231,8 @@ class _Context:
     evaluations: int = 0
     # the step in a memory-aware order: (schedule, its context), made on first need
     rescheduled: tuple | None = None
+    # lmscore.planners.options of every kind, made on first need; a strategy filters them
+    options: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -698,7 +700,9 @@ def _solve_and_check(strategy, graph, batch, ctx, schedule, budget, memory, safe
     """
     report(0.1, "options per tensor")
     step = ctx.graph  # the original, or the original in ``schedule``'s order
-    opts = options(step, ctx.sizes, ctx.base, ctx.seconds, ctx.link, STRATEGIES[strategy])
+    if ctx.options is None:  # the options of one kind do not depend on the other's
+        ctx.options = options(step, ctx.sizes, ctx.base, ctx.seconds, ctx.link)
+    opts = [o for o in ctx.options if o.kind in STRATEGIES[strategy]]
     live = _live(ctx, ctx.alloc, ctx.free)
     target = budget - ctx.base.race_bytes
     best = None
