@@ -65,9 +65,10 @@ class PlanEvaluation:
         """The plan as applied."""
         return self.rewrite.plan
 
-    def fits(self, device_bytes: int, safety: float = 1.0) -> bool:
+    def fits(self, device_bytes: int, safety: float = 1.0,
+             host_bytes: int | None = None) -> bool:
         """Whether the rewritten step fits a device of ``device_bytes``: :func:`fits`."""
-        return fits(self.after, device_bytes, safety)
+        return fits(self.after, device_bytes, safety, host_bytes)
 
 
 def evaluate_plan(

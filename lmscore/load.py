@@ -16,6 +16,7 @@ import os
 import pathlib
 import sys
 import tempfile
+import threading
 import zipfile
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -459,37 +460,53 @@ def _small_int_tensor(t: Any) -> tuple[int | float, ...] | None:
     return tuple(int(v) for v in vals)
 
 
+#: Per descriptor: (threads inside native_output_silenced, the saved descriptor). The first
+#: thread in redirects and the last one out restores, so that threads (the web app's jobs)
+#: never restore each other's scratch file.
+_SILENCED: dict[int, list[int]] = {}
+_SILENCE_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
-def _native_stderr_silenced() -> Iterator[None]:
-    """Send file descriptor 2 to a scratch file while TensorFlow runs.
+def native_output_silenced(fd: int = 2) -> Iterator[None]:
+    """Send file descriptor ``fd`` (2: stderr, 1: stdout) to a scratch file meanwhile.
 
     TensorFlow's C++ runtime writes log lines (CUDA probing, CPU features, attributes it
-    does not know) straight to the descriptor; they would break the one-line error of the
-    command line. Its failures still come back as exceptions, turned into GraphError.
+    does not know) straight to descriptor 2, and HiGHS prints a debugging line of its MIP
+    solver straight to 1; they would break the one-line error and the ``--json`` output
+    of the command line. Failures still come back as exceptions.
     """
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError):  # no descriptor 2 to redirect
-        yield
-        return
-    try:
-        with tempfile.TemporaryFile() as scratch:
-            os.dup2(scratch.fileno(), 2)
+    stream = sys.stderr if fd == 2 else sys.stdout
+    with _SILENCE_LOCK:
+        state = _SILENCED.get(fd)
+        if state is None:
             try:
-                yield
-            finally:
-                with contextlib.suppress(OSError, ValueError):
-                    sys.stderr.flush()
-                os.dup2(saved, 2)
+                stream.flush()
+                saved = os.dup(fd)
+                with tempfile.TemporaryFile() as scratch:
+                    os.dup2(scratch.fileno(), fd)
+            except (OSError, ValueError, AttributeError):  # no descriptor to redirect
+                saved = -1
+            state = _SILENCED[fd] = [0, saved]
+        state[0] += 1
+    try:
+        yield
     finally:
-        os.close(saved)
+        with _SILENCE_LOCK:
+            state[0] -= 1
+            if state[0] == 0:
+                del _SILENCED[fd]
+                if state[1] >= 0:
+                    with contextlib.suppress(OSError, ValueError, AttributeError):
+                        stream.flush()
+                    os.dup2(state[1], fd)
+                    os.close(state[1])
 
 
 def _tfgraph(source: str) -> Any:
     """Import :mod:`lmscore.tfgraph` (and TensorFlow) without TensorFlow's log lines."""
     try:
-        with _native_stderr_silenced():
+        with native_output_silenced():
             from . import tfgraph
     except ImportError as e:
         raise GraphError(f"{source}: TensorFlow is needed to read this graph but cannot be "
@@ -500,7 +517,7 @@ def _tfgraph(source: str) -> Any:
 def _add_shapes_with_tensorflow(gd: Any, source: str) -> Any:
     """Run TensorFlow's shape inference on a GraphDef that lacks ``_output_shapes``."""
     tfgraph = _tfgraph(source)
-    with _native_stderr_silenced():
+    with native_output_silenced():
         data = tfgraph.graphdef_with_shapes(gd.SerializeToString(), source=source)
     out = graph_pb2.GraphDef()
     out.ParseFromString(data)
@@ -512,7 +529,7 @@ def _load_saved_model(path: pathlib.Path, function: str | None, max_ops: int | N
     if not (path / "saved_model.pb").exists() and not (path / "saved_model.pbtxt").exists():
         raise GraphError(f"{path}: not a SavedModel directory (no saved_model.pb)")
     tfgraph = _tfgraph(str(path))
-    with _native_stderr_silenced():
+    with native_output_silenced():
         data = tfgraph.graphdef_from_saved_model(str(path), function)
     return from_graphdef_bytes(data, source=str(path), text=False, max_ops=max_ops)
 
@@ -579,15 +596,22 @@ def from_keras(model: Any, loss: Any, optimizer: Any, x_spec: Any, y_spec: Any) 
     Parameters
     ----------
     model : keras.Model
-    loss : callable
-        ``loss(y_true, y_pred)``, e.g. a ``keras.losses.Loss``.
-    optimizer : keras.optimizers.Optimizer
+    loss : callable or str
+        ``loss(y_true, y_pred)``, e.g. a ``keras.losses.Loss``, or a name ``model.compile``
+        accepts (``"sparse_categorical_crossentropy"``), resolved as it does.
+    optimizer : keras.optimizers.Optimizer or str
+        The optimizer, or its Keras name (``"adam"``).
     x_spec, y_spec : tf.TensorSpec
         Input and label specs, batch dimension ``None``.
 
     Returns
     -------
     Graph
+
+    Raises
+    ------
+    ConfigError
+        If ``loss`` or ``optimizer`` is a name Keras does not know.
     """
     from . import tfgraph
 

@@ -34,7 +34,7 @@ import functools
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .errors import ConfigError, GraphError
@@ -211,21 +211,64 @@ class Simulation:
         return self.peak_bytes + self.race_bytes
 
 
-def fits(sim: Simulation, device_bytes: int, safety: float = 1.0) -> bool:
+def fits(sim: Simulation, device_bytes: int, safety: float = 1.0,
+         host_bytes: int | None = None) -> bool:
     """Whether a simulated step fits a device of ``device_bytes``: the one "fits".
 
     The step's persistent memory stays resident; its transient peak, with what a while
     loop's race may add (:attr:`Simulation.worst_peak_bytes`), must stay within
-    ``safety`` of the rest.
+    ``safety`` of the rest. With ``host_bytes``, what the step keeps in host memory (its
+    swapped tensors, :attr:`Simulation.host_peak_bytes`) must stay within that too.
 
     Examples
     --------
-    >>> sim = Simulation((100,), (0,), 100, 0, 40, 0, 60, 0, (), (), 1)
+    >>> sim = Simulation((100,), (30,), 100, 0, 40, 0, 60, 30, (), (), 1)
     >>> fits(sim, 100), fits(sim, 99), fits(sim, 100, safety=0.9)
     (True, False, False)
+    >>> fits(sim, 100, host_bytes=30), fits(sim, 100, host_bytes=29)
+    (True, False)
     """
+    if host_bytes is not None and sim.host_peak_bytes > host_bytes:
+        return False
     return sim.worst_peak_bytes - sim.persistent_bytes <= transient_budget(
         device_bytes, sim.persistent_bytes, safety)
+
+
+#: TensorFlow's limit of its pinned host allocator (``gpu_host_bfc``, where swapped
+#: tensors live) when ``TF_GPU_HOST_MEM_LIMIT_IN_MB`` is not set: 2^17 MiB, 128 GiB
+#: (``gpu_process_state.cc``; TensorFlow 1.x and early 2.x used 64 GiB).
+DEFAULT_HOST_LIMIT_MIB = 1 << 17
+
+
+def host_memory_limit(environ: Mapping[str, str] | None = None) -> int:
+    """Bytes TensorFlow lets a step keep in pinned host memory.
+
+    ``TF_GPU_HOST_MEM_LIMIT_IN_MB`` (MiB, as TensorFlow reads it) when set, else
+    :data:`DEFAULT_HOST_LIMIT_MIB`.
+
+    Examples
+    --------
+    >>> limit = host_memory_limit({"TF_GPU_HOST_MEM_LIMIT_IN_MB": "4096"})
+    >>> host_memory_limit({}) == 128 * 2**30, limit
+    (True, 4294967296)
+
+    Raises
+    ------
+    ConfigError
+        If the variable is set to something other than a positive integer.
+    """
+    env = os.environ if environ is None else environ
+    text = env.get("TF_GPU_HOST_MEM_LIMIT_IN_MB", "").strip()
+    if not text:
+        return DEFAULT_HOST_LIMIT_MIB << 20
+    try:
+        mib = int(text)
+    except ValueError:
+        mib = 0
+    if mib <= 0:
+        raise ConfigError(
+            f"TF_GPU_HOST_MEM_LIMIT_IN_MB: expected a positive number of MiB, got {text!r}")
+    return mib << 20
 
 
 def transient_budget(device_bytes: int, persistent_bytes: int, safety: float = 1.0) -> int:

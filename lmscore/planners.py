@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .ir import Graph, split_tensor
+from .load import native_output_silenced
 from .memory import Simulation
 from .order import Ordering, order
 from .plan import (
@@ -290,7 +291,8 @@ class Solution:
 
 
 def solve(
-    opts: Sequence[Option], live: np.ndarray, budget: int, time_limit: float = 20.0
+    opts: Sequence[Option], live: np.ndarray, budget: int, time_limit: float = 20.0,
+    host_limit: int | None = None,
 ) -> Solution:
     """Choose options so that ``live`` minus what they free stays within ``budget``.
 
@@ -302,6 +304,10 @@ def solve(
     budget : int
     time_limit : float
         Seconds HiGHS may take; its best solution so far is used.
+    host_limit : int, optional
+        Host memory the swapped tensors may hold at once: a swap holds its bytes on the
+        host over the positions it frees on the device (a row per segment where all swap
+        options together could exceed it).
 
     Returns
     -------
@@ -337,6 +343,28 @@ def solve(
         a = coo_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                       shape=(m, len(opts))).tocsr()
         constraints.append(LinearConstraint(a, (seg_max[over] - budget).astype(float), np.inf))
+    swaps = [j for j, o in enumerate(opts) if o.kind == "swap"]
+    if host_limit is not None and swaps:
+        # what all swaps could hold on the host per segment; rows only where that is over
+        held = np.zeros(len(cuts), dtype=np.int64)
+        for j in swaps:
+            held[seg_index[opts[j].lo]] += opts[j].bytes
+            held[seg_index[opts[j].hi + 1]] -= opts[j].bytes
+        hot = np.flatnonzero(np.cumsum(held)[:-1] > host_limit)
+        if len(hot):
+            host_row = np.full(len(cuts) - 1, -1)
+            host_row[hot] = np.arange(len(hot))
+            r, c = [], []
+            for j in swaps:
+                k = host_row[seg_index[opts[j].lo]:seg_index[opts[j].hi + 1]]
+                k = k[k >= 0]
+                r.append(k)
+                c.append(np.full(len(k), j))
+            r, c = np.concatenate(r), np.concatenate(c)
+            a = coo_array((np.asarray([float(opts[j].bytes) for j in c]), (r, c)),
+                          shape=(len(hot), len(opts))).tocsr()
+            constraints.append(LinearConstraint(a, -np.inf, float(host_limit)))
+            m += len(hot)
     # at most one option per buffer; a recomputation's inputs stay on the device
     by_buffer: dict[str, list[int]] = {}
     for j, o in enumerate(opts):
@@ -355,8 +383,10 @@ def solve(
     # seconds first; among equals, fewer bytes moved or recomputed
     total = sum(o.bytes for o in opts) or 1
     cost = np.array([o.seconds + 1e-9 * o.bytes / total for o in opts])
-    res = milp(cost, constraints=constraints, integrality=np.ones(len(opts)),
-               bounds=Bounds(0, 1), options={"time_limit": time_limit, "mip_rel_gap": 1e-3})
+    with native_output_silenced(1):  # HiGHS' MIP solver prints a stray line to stdout
+        res = milp(cost, constraints=constraints, integrality=np.ones(len(opts)),
+                   bounds=Bounds(0, 1),
+                   options={"time_limit": time_limit, "mip_rel_gap": 1e-3})
     if res.x is None:
         return Solution((), False, 0.0, m + len(pairs), len(opts), str(res.message))
     chosen = tuple(o for o, x in zip(opts, res.x, strict=True) if x > 0.5)

@@ -33,13 +33,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import ConfigError
 from .evaluate import evaluate_plan
 from .ir import Graph
-from .memory import Simulation, fits, simulate, transient_budget
+from .memory import Simulation, fits, host_memory_limit, simulate, transient_budget
 from .order import order
 from .plan import (
     DEFAULT_PREDICATES,
@@ -54,6 +55,9 @@ from .plan import (
 from .planners import STRATEGIES, decisions, options, solve
 from .schedule import memory_schedule, scheduled
 from .shapes import Sizes, resolve
+
+if TYPE_CHECKING:
+    from .profile import Profile
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,25 @@ LINKS: dict[str, Link] = {
     "pcie4": Link("PCIe 4.0 x16", 24e9),
     "nvlink2": Link("NVLink 2.0 (POWER9 to V100, 3 bricks)", 68e9),
 }
+
+
+def preset(name: str, presets: dict[str, Device] | dict[str, Link], kind: str) -> str:
+    """The key of ``presets`` (:data:`DEVICES` or :data:`LINKS`) that ``name`` names, any case.
+
+    >>> preset("v100", DEVICES, "device"), preset("NVLink2", LINKS, "link")
+    ('V100', 'nvlink2')
+
+    Raises
+    ------
+    ConfigError
+        If no preset has that name; the message lists them.
+    """
+    wanted = str(name).strip().lower()
+    for key in presets:
+        if key.lower() == wanted:
+            return key
+    raise ConfigError(f"unknown {kind} {name!r} (choose from {', '.join(presets)})")
+
 
 Progress = Callable[[float, str], None]
 #: Strategies of :func:`tune`, the default first.
@@ -128,6 +151,11 @@ class TuneResult:
     knobs : dict
         The knobs of a TFLMS plan; the size of the MILP of a per-tensor plan.
     recomputed_tensors : int
+    host_limit_bytes : int
+        Host memory the plan's swapped tensors may hold at once.
+    limited_by : {"", "device", "host"}
+        When nothing fits: ``"host"`` if the best plan found fits the device but holds
+        more than ``host_limit_bytes`` on the host, else ``"device"``.
     """
 
     plan: Plan
@@ -150,6 +178,8 @@ class TuneResult:
     bound_op: str
     knobs: dict = field(default_factory=dict)
     recomputed_tensors: int = 0
+    host_limit_bytes: int = 0
+    limited_by: str = ""
 
 
 # --- Time model --------------------------------------------------------------------------
@@ -209,6 +239,59 @@ def _flops(graph: Graph, sizes: Sizes, i: int) -> float:
     return float(n_out)
 
 
+def _time_model(graph: Graph, sizes: Sizes, device: Device, link: Link,
+                profile: Profile | None) -> tuple[list[float], float]:
+    """Per-op seconds and link bandwidth: the presets', or a profile's for this graph."""
+    if profile is None:
+        return op_seconds(graph, sizes, device), link.bandwidth
+    from .profile import profiled_op_seconds
+
+    if profile.fingerprint != fingerprint(graph):
+        raise ConfigError(f"profile: made for another graph (fingerprint {profile.fingerprint}"
+                          f", this graph's is {fingerprint(graph)}); profile this one")
+    return profiled_op_seconds(graph, sizes, profile), profile.link_bandwidth
+
+
+def plan_seconds(
+    graph: Graph,
+    plan: Plan,
+    batch_size: int,
+    *,
+    device: str = "V100",
+    link: str = "pcie3",
+    workspace: str = "accelerator",
+    profile: Profile | None = None,
+) -> tuple[float, float]:
+    """Predicted step time without and with ``plan``, as :func:`tune` scores plans.
+
+    Parameters
+    ----------
+    graph : Graph
+    plan : Plan
+        A plan for ``graph`` (checked by the rewrite).
+    batch_size : int
+    device, link : str
+        Presets of the time model, as in :func:`tune`.
+    workspace : str
+        Kernel workspace model of the simulation.
+    profile : Profile, optional
+        A profile of ``graph`` replacing the presets' times (see :func:`tune`).
+
+    Returns
+    -------
+    (float, float)
+        Seconds of the unswapped step and of the rewritten one.
+    """
+    device, link = preset(device, DEVICES, "device"), preset(link, LINKS, "link")
+    step = scheduled(graph, plan.schedule) if plan.schedule else graph
+    sizes = resolve(step, batch_size)
+    base = simulate(step, batch_size, sizes=sizes, workspace=workspace)
+    ctx = _context(step, sizes, base, *_time_model(step, sizes, DEVICES[device], LINKS[link],
+                                                   profile))
+    return sum(ctx.seconds), _seconds(ctx, evaluate_plan(graph, plan, batch_size,
+                                                         workspace=workspace).plan)
+
+
 # --- Fast evaluation of knob settings ------------------------------------------------------
 
 
@@ -233,6 +316,9 @@ class _Context:
     rescheduled: tuple | None = None
     # lmscore.planners.options of every kind, made on first need; a strategy filters them
     options: tuple | None = None
+    # host memory the swapped tensors may hold (lmscore.memory.host_memory_limit)
+    host_limit: int | None = None
+    safety: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -417,6 +503,8 @@ def tune(
     workspace: str = "accelerator",
     progress: Progress | None = None,
     cancel: Callable[[], bool] | None = None,
+    host_memory: int | None = None,
+    profile: Profile | None = None,
 ) -> TuneResult:
     """Find the plan with the least predicted overhead that fits the device memory.
 
@@ -446,6 +534,13 @@ def tune(
         ``progress(fraction, message)`` during the search.
     cancel : callable, optional
         Returning True stops the search; the best plan so far is returned.
+    host_memory : int, optional
+        Host memory the swapped tensors may hold at once; default: TensorFlow's pinned
+        host allocator limit (:func:`lmscore.memory.host_memory_limit`).
+    profile : Profile, optional
+        A time model measured on the user's device (:func:`lmscore.profile.profile`) for
+        this graph: its op times and copy bandwidth replace ``device``'s and ``link``'s
+        (the device preset still gives the default memory).
 
     Returns
     -------
@@ -456,10 +551,7 @@ def tune(
     ConfigError
         For an unknown preset or strategy, or a safety outside (0, 1].
     """
-    if device not in DEVICES:
-        raise ConfigError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
-    if link not in LINKS:
-        raise ConfigError(f"unknown link {link!r} (choose from {', '.join(LINKS)})")
+    device, link = preset(device, DEVICES, "device"), preset(link, LINKS, "link")
     if strategy == "default":
         strategy = "hybrid"
     if strategy not in STRATEGY_NAMES:
@@ -471,13 +563,17 @@ def tune(
     memory = dev.memory_bytes if budget_bytes is None else budget_bytes
     if memory <= 0:
         raise ConfigError(f"budget must be positive, got {memory}")
+    host = host_memory_limit() if host_memory is None else host_memory
+    if host <= 0:
+        raise ConfigError(f"host memory must be positive, got {host}")
     report = progress or (lambda f, m: None)
     stop = cancel or (lambda: False)
     sizes = resolve(graph, batch_size)
     base = simulate(graph, batch_size, sizes=sizes, workspace=workspace)
     persistent = base.persistent_bytes
     budget = transient_budget(memory, persistent, safety)
-    ctx = _context(graph, sizes, base, op_seconds(graph, sizes, dev), LINKS[link].bandwidth)
+    ctx = _context(graph, sizes, base, *_time_model(graph, sizes, dev, LINKS[link], profile))
+    ctx.host_limit, ctx.safety = host, safety
     base_seconds = sum(ctx.seconds)
     min_peak, bound = _lower_bound(graph, sizes, base)
 
@@ -625,13 +721,15 @@ def _verify(graph, batch, swaps, knobs, budget, memory, base, base_seconds, stra
     for _attempt in range(16):
         ev = evaluate_plan(graph, plan, batch, workspace=workspace, before=base)
         rw, sim = ev.rewrite, ev.after
-        if ev.fits(memory, safety):
+        if ev.fits(memory, safety, ctx.host_limit):
             seconds = _evaluate(ctx, rw.plan.swaps, plan.sync_mode).seconds
             return _result(graph, batch, rw.plan, True, budget, memory, base, sim,
                            base_seconds, seconds, strategy, ctx, min_peak, bound, knobs,
                            workspace)
         if best_sim is None or sim.peak_bytes < best_sim[0].peak_bytes:
             best_sim = (sim, rw, knobs)
+        if ev.fits(memory, safety):
+            break  # the host is over its limit, and the knobs only ever swap more
         # The fast evaluator was optimistic: smaller groups, later swap-ins, more swaps,
         # then synchronous copies, until the full simulation fits.
         if knobs["groupby"] > 5:
@@ -672,6 +770,7 @@ def _per_tensor(strategy, graph, batch, ctx, budget, memory, safety, workspace, 
             step = scheduled(graph, names)
             sim = simulate(step, batch, sizes=ctx.sizes, workspace=workspace)
             ctx.rescheduled = (names, _context(step, ctx.sizes, sim, ctx.seconds, ctx.link))
+            ctx.rescheduled[1].host_limit = ctx.host_limit
         names, other = ctx.rescheduled
         again, knobs2 = _solve_and_check(strategy, graph, batch, other, names, budget,
                                          memory, safety, workspace, report, stop, base)
@@ -711,8 +810,12 @@ def _solve_and_check(strategy, graph, batch, ctx, schedule, budget, memory, safe
         if stop():
             break
         report(0.2 + 0.1 * attempt, f"solving the MILP ({len(opts)} options)")
-        sol = solve(opts, live, target)
+        sol = solve(opts, live, target, host_limit=ctx.host_limit)
         ctx.evaluations += 1
+        host_bound = False
+        if not sol.feasible and best is None and ctx.host_limit is not None:
+            # would the device alone take a plan? Then the host is what stops it
+            sol, host_bound = solve(opts, live, target), True
         if not sol.feasible:
             break
         swaps, recomputes = decisions(sol.chosen)
@@ -723,10 +826,12 @@ def _solve_and_check(strategy, graph, batch, ctx, schedule, budget, memory, safe
                            sizes=ctx.sizes)
         seconds = _seconds(ctx, ev.plan)
         knobs = {"options": len(opts), "rows": sol.rows, "attempts": attempt + 1}
-        if ev.fits(memory, safety):
+        if ev.fits(memory, safety, ctx.host_limit):
             return (ev, seconds, True), knobs
         if best is None or ev.after.worst_peak_bytes < best[0].after.worst_peak_bytes:
             best = (ev, seconds, False)
+        if host_bound:
+            break
         over = ev.after.worst_peak_bytes - ctx.base.persistent_bytes - budget
         target -= max(over, budget // 100, 1)
     return best, knobs
@@ -765,6 +870,14 @@ def _result(graph, batch, plan, fits, budget, memory, base, sim, base_seconds, s
 
     swap_bytes = sum(b.bytes for b in sim.buffers if b.host)
     overhead = max(0.0, seconds / base_seconds - 1) if base_seconds else 0.0
+    host = ctx.host_limit if ctx.host_limit is not None else host_memory_limit()
+    limited_by = ""
+    if not fits:
+        # the best plan fits the device: what it holds on the host is what stops it
+        from .memory import fits as step_fits  # ``fits`` is this function's argument
+
+        device_ok = reason != "bound" and step_fits(sim, memory, ctx.safety)
+        limited_by = "host" if device_ok else "device"
     if fits and plan.changes_nothing():
         need = format_bytes(base.worst_peak_bytes - base.persistent_bytes)
         race = (f", plus {format_bytes(base.race_bytes)} if its loops run their whole "
@@ -777,12 +890,18 @@ def _result(graph, batch, plan, fits, budget, memory, base, sim, base_seconds, s
         message = (f"fits with {len(plan.swaps)} swapped tensors "
                    f"({format_bytes(swap_bytes)}){rec}{how}: peak "
                    f"{format_bytes(base.peak_bytes)} -> "
-                   f"{format_bytes(sim.peak_bytes)}, predicted overhead {overhead:.1%}")
+                   f"{format_bytes(sim.peak_bytes)}, host {format_bytes(sim.host_peak_bytes)}"
+                   f" of {format_bytes(host)}, predicted overhead {overhead:.1%}")
     elif reason == "bound":
         usable = format_bytes(budget + base.persistent_bytes)
         message = (f"does not fit: op {bound!r} alone needs {format_bytes(min_peak)} with "
                    f"persistent memory, over the usable {usable} of the "
                    f"{format_bytes(memory)} device")
+    elif limited_by == "host":
+        message = (f"does not fit: host memory stops it: the best plan fits the device (peak "
+                   f"{format_bytes(sim.peak_bytes)}) but holds "
+                   f"{format_bytes(sim.host_peak_bytes)} on the host, over the host memory "
+                   f"limit of {format_bytes(host)}")
     else:
         message = (f"does not fit: the smallest peak found is {format_bytes(sim.peak_bytes)}"
                    f" (budget {format_bytes(budget)} + {format_bytes(base.persistent_bytes)} "
@@ -796,7 +915,7 @@ def _result(graph, batch, plan, fits, budget, memory, base, sim, base_seconds, s
         predicted_step_seconds=seconds, swapped_tensors=len(plan.swaps), swap_bytes=swap_bytes,
         strategy=strategy, evaluations=ctx.evaluations, message=message,
         min_peak_bytes=min_peak, bound_op=bound, knobs=knobs,
-        recomputed_tensors=len(plan.recomputes),
+        recomputed_tensors=len(plan.recomputes), host_limit_bytes=host, limited_by=limited_by,
     )
 
 
@@ -845,8 +964,7 @@ def bound_batch(
     (int, str)
         The batch (0 when not even batch 1 is bounded below the budget) and the op.
     """
-    if device not in DEVICES:
-        raise ConfigError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
+    device = preset(device, DEVICES, "device")
     memory = DEVICES[device].memory_bytes if budget_bytes is None else budget_bytes
     ops: dict[int, str] = {}
 
@@ -881,4 +999,4 @@ def _max_true(ok: Callable[[int], bool], limit: int, start: int = 1) -> int:
 
 __all__ = ["DEVICES", "LINKS", "STRATEGY_NAMES", "Device", "Link", "TuneResult", "bound_batch",
            "max_batch",
-           "op_seconds", "tune"]
+           "op_seconds", "preset", "tune"]

@@ -157,3 +157,16 @@ def test_milp_picks_the_cheapest_cover():
     assert not solve([free_a, _option("k", 1, 2, 6, 0.1, keeps=("a",))], both, 4).feasible
     assert solve([], live, 10).chosen == () and solve([], live, 10).feasible
     assert not solve([b], live, 6).feasible
+
+
+def test_milp_keeps_the_host_within_its_limit():
+    live = np.array([0, 10, 10, 5])
+    a = _option("a", 1, 2, 4, 1.0)
+    b = _option("b", 1, 1, 5, 0.5)
+    c = _option("c", 2, 2, 5, 0.4)  # b + c: 1.0 B less on the device, 0.9 s
+    assert set(solve([a, b, c], live, 6).chosen) == {b, c}
+    assert set(solve([a, b, c], live, 6, host_limit=5).chosen) == {b, c}  # one at a time
+    assert solve([a, b, c], live, 6, host_limit=4).chosen == (a,)  # b, c hold 5 B each
+    assert not solve([a, b, c], live, 6, host_limit=3).feasible
+    rec = Option("r", "recompute", 1, 2, 4, 2.0, ("c",), "t", ("x",))
+    assert solve([a, rec], live, 6, host_limit=0).chosen == (rec,)  # clones hold no host

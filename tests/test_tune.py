@@ -131,3 +131,28 @@ def test_tune_cli_json_contract(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "lmscore.cli", "tune", "mlp", "--budget", "x"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "not a size" in bad.stderr
+
+
+@pytest.mark.parametrize("strategy", ["hybrid", "swap", "knobs", "tflms"])
+def test_host_memory_limit(strategy):
+    g = long_edge()  # swapping a:0 (4000 B) fits 6000 B; recomputing it (x -> a) too
+    r = tune(g, 1, 6000, safety=1.0, strategy=strategy, host_memory=4000)
+    assert r.fits and r.host_limit_bytes == 4000 and r.predicted_host_peak_bytes == 4000
+    assert "host 3.91 KiB of 3.91 KiB" in r.message
+    r = tune(g, 1, 6000, safety=1.0, strategy=strategy, host_memory=3999)
+    if strategy == "hybrid":  # the recomputation needs no host memory
+        assert r.fits and r.plan.swaps == () and [x.tensor for x in r.plan.recomputes] == ["a:0"]
+        assert r.predicted_host_peak_bytes == 0
+    else:
+        assert not r.fits and r.limited_by == "host"
+        assert "host memory stops it" in r.message and "3.91 KiB on the host" in r.message
+
+
+def test_host_memory_default_is_tensorflows(monkeypatch):
+    monkeypatch.delenv("TF_GPU_HOST_MEM_LIMIT_IN_MB", raising=False)
+    assert tune(long_edge(), 1, 6000, safety=1.0).host_limit_bytes == 128 * 2**30
+    monkeypatch.setenv("TF_GPU_HOST_MEM_LIMIT_IN_MB", "1")
+    assert tune(long_edge(), 1, 6000, safety=1.0).host_limit_bytes == 2**20
+    monkeypatch.setenv("TF_GPU_HOST_MEM_LIMIT_IN_MB", "lots")
+    with pytest.raises(ConfigError, match="TF_GPU_HOST_MEM_LIMIT_IN_MB: expected a positive"):
+        tune(long_edge(), 1, 6000)
