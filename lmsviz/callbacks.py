@@ -42,7 +42,7 @@ import lmscore
 from lmscore.errors import ConfigError, GraphError, LmsError, PlanError
 from lmscore.evaluate import PlanEvaluation, evaluate_plan
 from lmscore.ir import split_tensor
-from lmscore.memory import Simulation
+from lmscore.memory import Simulation, host_memory_limit
 from lmscore.memory import fits as fits_device
 from lmscore.plan import (
     Plan,
@@ -877,9 +877,15 @@ def summary(loaded: LoadedGraph, base: Base, plan: Plan, plan_data: dict[str, An
         overhead = "plan edited since auto-tune: run it again"
     else:
         overhead = "run auto-tune for a prediction"
+    host_limit = host_memory_limit()
+    host_peak = after.sim.host_peak_bytes if after else 0
+    over_host = host_peak > host_limit
     if budget is None:
         fits, fits_cls = "no budget set", ""
-    elif fits_device(shown, budget):
+    elif over_host:
+        fits, fits_cls = (f"does not fit: host memory over its limit by "
+                          f"{format_bytes(host_peak - host_limit)}", "bad")
+    elif fits_device(shown, budget, host_bytes=host_limit):
         fits, fits_cls = f"fits ({format_bytes(budget - shown.worst_peak_bytes)} to spare)", "ok"
     else:
         fits, fits_cls = (f"does not fit (over by {format_bytes(shown.worst_peak_bytes - budget)})",
@@ -894,7 +900,8 @@ def summary(loaded: LoadedGraph, base: Base, plan: Plan, plan_data: dict[str, An
         item("peak after", (f"{format_bytes(after.sim.peak_bytes)} "
                             f"({100 * (after.sim.peak_bytes / sim.peak_bytes - 1):+.1f}%)"
                             if after else "no plan"), "after"),
-        item("host peak", format_bytes(after.sim.host_peak_bytes) if after else "0 B", "host"),
+        item("host peak", f"{format_bytes(host_peak)} of {format_bytes(host_limit)} "
+             "(TensorFlow's pinned host memory limit)", "host", "bad" if over_host else ""),
         item("swapped", (f"{len(plan.swaps)} tensors, {format_bytes(after.swap_bytes)}; "
                          f"{n_in} swap-ins ({n_sync} synchronous)" if after and plan.swaps
                          else "nothing"),

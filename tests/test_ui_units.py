@@ -46,14 +46,14 @@ def gate(name: str, data: bytes) -> dict:
             "contents": "data:application/octet-stream;base64," + base64.b64encode(data).decode()}
 
 
-def swappable_tensor(c: state.AppContext, s: dict) -> str:
+def swappable_tensor(c: state.AppContext, s: dict, min_mib: float = 0) -> str:
     """A hotspot row that a hand toggle can swap (searching a few levels)."""
     loaded = c.resolve(s["graph"])
     base = cb.base_of(c, loaded, s["settings"]["batch"])
     plan = cb.plan_of(c, loaded, None)
     for level in range(len(base.sim.device_curve)):
         for row in cb.hotspot_rows(base, plan, level):
-            if row["swap"] == cb.SWAP_OFF:
+            if row["swap"] == cb.SWAP_OFF and row["mib"] >= min_mib:
                 up = cb.toggle_swap(c, s["graph"], s["settings"], s["plan"], s["view"],
                                     row["tensor"])
                 if not up.error:
@@ -734,3 +734,26 @@ def test_a_saved_recompute_plan_comes_back(fresh):
     back = cb.choose_graph(restarted, "sample:mlp", other.graph, other.settings)
     assert back.plan["json"] == up.plan["json"]
     assert back.message.endswith("restored your saved plan (0 swaps, 1 recompute)")
+
+
+def test_summary_shows_host_memory_against_tensorflows_limit(fresh, monkeypatch):
+    s = session(fresh)
+    s = {**s, "settings": {**s["settings"], "batch": 1024}}
+    tensor = swappable_tensor(fresh, s, min_mib=1)  # a 512 x 512 weight gradient: 1 MiB
+    up = cb.toggle_swap(fresh, s["graph"], s["settings"], s["plan"], s["view"], tensor)
+    assert not up.error
+
+    def summary(limit: int) -> dict:
+        # TensorFlow's variable counts whole MiB (tests/test_tune.py); a smaller limit here
+        monkeypatch.setattr(cb, "host_memory_limit", lambda: limit)
+        r = cb.render(fresh, {**s, "plan": up.plan})
+        return {item.children[1].id: (item.children[1].children, item.children[1].className)
+                for item in r.summary}
+
+    roomy = summary(4 * MIB)
+    assert roomy["sum-host"][0] == "1.00 MiB of 4.00 MiB (TensorFlow's pinned host memory limit)"
+    assert "bad" not in roomy["sum-host"][1] and roomy["sum-fits"][0].startswith("fits")
+    tight = summary(MIB // 2)
+    assert tight["sum-host"][0] == "1.00 MiB of 512.00 KiB (TensorFlow's pinned host memory limit)"
+    assert "bad" in tight["sum-host"][1]
+    assert tight["sum-fits"][0] == "does not fit: host memory over its limit by 512.00 KiB"
