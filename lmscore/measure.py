@@ -263,6 +263,10 @@ class Measurement:
         own peak over the traced step, persistent memory included, in its 256-byte
         chunks, fragmentation included; every CPU device shares that one allocator.
         ``None`` otherwise.
+    op_times : tuple of Mapping
+        One mapping per step run with ``op_time_steps``: each node's kernel seconds and
+        kernel count in that step (:func:`_op_times`), keyed by the node's name in the
+        original graph (runtime-only nodes keep their runtime names).
     """
 
     peak_bytes: Mapping[str, int]
@@ -273,6 +277,7 @@ class Measurement:
     finite: bool
     step_seconds: tuple[float, ...] = ()
     allocator_peak_bytes: int | None = None
+    op_times: tuple[Mapping[str, tuple[float, int]], ...] = ()
 
     @property
     def kernel_library(self) -> str:
@@ -1244,6 +1249,7 @@ def measure(
     inter_op_threads: int = -1,
     intra_op_threads: int = 0,
     grappler: bool = False,
+    op_time_steps: int = 0,
 ) -> Measurement:
     """Run a training step on the CPU and measure what TensorFlow allocates.
 
@@ -1283,6 +1289,12 @@ def measure(
         runtime, :func:`lmscore.swap`): fused kernels, rewritten arithmetic, folded
         constants. Use it to compare numerics, not memory (the graph that runs is not the
         one given; allocations of fused nodes are reported under the fused node's name).
+    op_time_steps : int, optional
+        After the ``steps`` steps (and after reading the final variables), run this many
+        more, each traced, and record every node's kernel times in
+        :attr:`Measurement.op_times` (what :mod:`lmscore.profile` reads). Each is followed
+        by an untraced step whose wall time joins ``step_seconds``, so that the kernel
+        times and the wall times see the machine in the same state.
 
     Returns
     -------
@@ -1339,6 +1351,7 @@ def measure(
         ("steps", steps, 1),
         ("inter_op_threads", inter_op_threads, -1),
         ("intra_op_threads", intra_op_threads, 0),
+        ("op_time_steps", op_time_steps, 0),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ConfigError(f"{label}: must be an integer >= {low}, got {value!r}")
@@ -1444,6 +1457,17 @@ def measure(
                     )
                 losses.append(float(value.reshape(())))
             final = session.run(reads) if reads else {}
+            traces = []
+            for _ in range(op_time_steps):
+                timed = config_pb2.RunMetadata()
+                session.run([loss, targets], feed_dict=feed_dict, run_metadata=timed,
+                            options=config_pb2.RunOptions(
+                                trace_level=config_pb2.RunOptions.FULL_TRACE))
+                traces.append(timed.step_stats)
+                # an untraced step beside each traced one: both see the machine alike
+                started = time.perf_counter()
+                session.run([loss, targets], feed_dict=feed_dict)
+                step_seconds.append(time.perf_counter() - started)
     except (tf.errors.OpError, TypeError, ValueError) as exc:
         raise RunError(_tf_error_line(exc)) from None
 
@@ -1478,7 +1502,26 @@ def measure(
         finite=finite,
         step_seconds=tuple(step_seconds),
         allocator_peak_bytes=allocator_peak,
+        op_times=tuple(_op_times(s, names, feeds) for s in traces),
     )
+
+
+def _op_times(
+    step_stats: step_stats_pb2.StepStats, names: _NameMap, feeds: Mapping[str, str]
+) -> Mapping[str, tuple[float, int]]:
+    """Each node's kernel seconds and kernel count in one traced step.
+
+    A kernel's time runs from its compute's start to its end (``op_start`` to ``op_end``),
+    without the executor's bookkeeping around it; the kernels of a lowered loop or an
+    inlined call add up under the call node.
+    """
+    times: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    for ds in step_stats.dev_stats:
+        for ns in ds.node_stats:
+            entry = times[feeds.get(ns.node_name) or names(ns.node_name)]
+            entry[0] += max(ns.op_end_rel_nanos - ns.op_start_rel_nanos, 0) / 1e9
+            entry[1] += 1
+    return MappingProxyType({k: (v[0], v[1]) for k, v in times.items()})
 
 
 def _feed_nodes(step_stats: step_stats_pb2.StepStats, inputs: set[str]) -> dict[str, str]:
