@@ -37,25 +37,29 @@ that step as a SavedModel. Those two import TensorFlow; :func:`to_graphdef` and
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import pathlib
 import re
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from google.protobuf import message, text_format
 from tensorboard.compat.proto import attr_value_pb2, graph_pb2, node_def_pb2, types_pb2
 
-from .errors import ConfigError, GraphError, LmsError, RunError
-from .ir import Graph, Op, TensorSpec, split_tensor
-from .plan import Plan, plan_from_params, write_atomic
+from .errors import ConfigError, GraphError, LmsError, PlanError, RunError
+from .ir import Graph, Op, TensorSpec, lint, split_tensor
+from .plan import Plan, fingerprint, plan_from_params, write_atomic
 from .rewrite import SWAP_IN, SWAP_OUT, Rewrite, rewrite
+from .tune import TuneResult
+from .units import format_bytes, parse_bytes
 
 __all__ = [
     "EXPORT_MODES",
+    "NoFitError",
     "SwappedStep",
     "exported_type",
     "save_rewritten_saved_model",
@@ -92,7 +96,12 @@ def exported_type(op: Op, mode: str = "gpu") -> str:
 
 
 def to_graphdef(
-    graph: Graph, *, mode: str = "gpu", device: str = "/GPU:0", host: str = "/CPU:0"
+    graph: Graph,
+    *,
+    mode: str = "gpu",
+    device: str = "/GPU:0",
+    host: str = "/CPU:0",
+    follow_producer: bool = False,
 ) -> bytes:
     """Serialize ``graph`` (typically a rewritten one) as a binary GraphDef.
 
@@ -109,6 +118,11 @@ def to_graphdef(
         (``device`` and ``host`` are ignored).
     device, host : str
         Device strings of the accelerator and the host (mode ``"gpu"``).
+    follow_producer : bool
+        Mode ``"gpu"``: put each swap-in on the device of the op that made its tensor
+        (``device`` when that op is unplaced), as TFLMS v2's ``gpu_device`` does per
+        replica: the swap-ins of a data-parallel step's replica ``k`` go back to replica
+        ``k``'s device.
 
     Returns
     -------
@@ -123,10 +137,13 @@ def to_graphdef(
     GraphError
         If the graph has no source GraphDef, or an op is neither in it nor a swap op.
     """
-    return _graphdef(graph, mode, device, host).SerializeToString(deterministic=True)
+    return _graphdef(graph, mode, device, host, follow_producer).SerializeToString(
+        deterministic=True)
 
 
-def _graphdef(graph: Graph, mode: str, device: str, host: str) -> Any:
+def _graphdef(
+    graph: Graph, mode: str, device: str, host: str, follow_producer: bool = False
+) -> Any:
     if mode not in EXPORT_MODES:
         raise ConfigError(f"mode: must be one of {', '.join(EXPORT_MODES)}, got {mode!r}")
     for label, value in (("device", device), ("host", host)):
@@ -151,7 +168,11 @@ def _graphdef(graph: Graph, mode: str, device: str, host: str) -> Any:
     for op in graph.ops:
         role = op.attrs.get("_lms_role")
         if role:
-            node = _swap_node(graph, op, role, mode, device, host)
+            here = device
+            if follow_producer and role == SWAP_IN:
+                producer = split_tensor(str(op.attrs.get("_lms_tensor", "")))[0]
+                here = graph.ops[graph.index[producer]].device or device
+            node = _swap_node(graph, op, role, mode, here, host)
         else:
             original = originals.get(str(op.attrs.get("_lms_clone_of", op.name)))
             if original is None:
@@ -320,7 +341,14 @@ class SwappedStep:
     variables : tuple of tf.Variable
         The variables the step reads and updates, in capture order.
     device, host : str
-        Where swap-ins and swap-outs are placed.
+        Where swap-ins and swap-outs are placed (a data-parallel step's swap-ins go to
+        their replica's device instead, see :func:`swap`).
+    summary : str
+        One line: what was decided (the plan's origin, the peak before and after, bytes
+        swapped and recomputed, the predicted overhead of a tuned plan); also logged at
+        INFO on the ``"lmscore"`` logger.
+    tuning : tuple of TuneResult
+        The tuner's results, one per device planned; empty for knob plans and given plans.
     """
 
     function: Any
@@ -331,6 +359,8 @@ class SwappedStep:
     variables: tuple[Any, ...] = field(repr=False)
     device: str = ""
     host: str = ""
+    summary: str = ""
+    tuning: tuple[TuneResult, ...] = field(default=(), repr=False)
 
     def __call__(self, *args: Any) -> Any:
         """Run one rewritten step and return what the original step returns.
@@ -350,25 +380,64 @@ class SwappedStep:
             ) from None
 
 
+class NoFitError(PlanError):
+    """No plan fits the budget.
+
+    ``result`` is the tuner's answer for the device that does not fit
+    (:attr:`~lmscore.tune.TuneResult.bound_op`, :attr:`~lmscore.tune.TuneResult.min_peak_bytes`).
+    """
+
+    def __init__(self, message: str, result: TuneResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+#: The TFLMS knobs of :func:`swap` and the values a knob plan takes when they are not given.
+_KNOB_DEFAULTS = {"threshold": 5, "ahead": 1, "groupby": 5, "sync_mode": 0}
+_log = logging.getLogger("lmscore")
+
+
 def swap(
     train_step: Any,
     *specs: Any,
-    threshold: int = 5,
-    ahead: int = 1,
-    groupby: int = 5,
-    sync_mode: int = 0,
+    threshold: int | None = None,
+    ahead: int | None = None,
+    groupby: int | None = None,
+    sync_mode: int | None = None,
     batch_size: int | None = None,
     plan: Plan | None = None,
     device: str | None = None,
     host: str | None = None,
+    budget: int | str | None = None,
+    preset: str | None = None,
+    link: str | None = None,
+    strategy: str | None = None,
+    safety: float | None = None,
+    workspace: str | None = None,
     **knobs: Any,
 ) -> SwappedStep:
     """Rewrite a ``tf.function`` training step to swap tensors to the host.
 
-    The step is traced, imported (:func:`lmscore.load.from_function`), planned
-    (:func:`lmscore.plan.plan_from_params` with the knobs, unless ``plan`` is given),
-    rewritten and exported (``mode="gpu"``). The returned callable runs the rewritten graph
-    on the variables the step captured, so it trains the same model.
+    The step is traced, imported (:func:`lmscore.load.from_function`), planned, rewritten
+    and exported (``mode="gpu"``). The returned callable runs the rewritten graph on the
+    variables the step captured, so it trains the same model. The plan is
+
+    * ``plan``, when given;
+    * with ``budget``: the tuner's (:func:`lmscore.tune.tune`, the default strategy of
+      ``lms tune``) for a device of ``budget`` bytes at the step's batch size;
+    * with no budget, no knob and no plan, on a machine with a GPU: the tuner's for the
+      memory TensorFlow gives that GPU (the first logical GPU, or ``device``);
+    * otherwise the TFLMS knob plan (:func:`lmscore.plan.plan_from_params`; knobs not
+      given take 5, 1, 5 and 0).
+
+    A data-parallel step (traced under ``tf.distribute.MirroredStrategy``: its ops are
+    placed on two or more devices of one type) is planned per device: each device's ops
+    form a step of their own, planned against the whole budget, and each swap-in goes back
+    to the device of its tensor's producer (TFLMS v2's ``gpu_device`` per replica);
+    swap-outs go to ``host``.
+
+    What was decided is one line, :attr:`SwappedStep.summary`, also logged at INFO on the
+    ``"lmscore"`` logger.
 
     Parameters
     ----------
@@ -378,11 +447,11 @@ def swap(
     *specs : tf.TensorSpec
         Argument specs to trace a ``tf.function`` with; not needed when it has an
         ``input_signature`` or was traced exactly once.
-    threshold, ahead, groupby, sync_mode : int
-        TFLMS knobs, see :func:`lmscore.plan.plan_from_params`.
+    threshold, ahead, groupby, sync_mode : int, optional
+        TFLMS knobs, see :func:`lmscore.plan.plan_from_params`; refused with a budget.
     batch_size : int, optional
-        Batch size the plan is made for; by default dimension 0 of the first input's
-        spec, when it is known.
+        Batch size the plan is made for (per replica for a data-parallel step); by default
+        dimension 0 of the first input's spec, when it is known.
     plan : Plan, optional
         Apply this plan instead of making one (the knobs are then ignored).
     device, host : str, optional
@@ -390,6 +459,12 @@ def swap(
         the first CPU when there is none) and the first logical CPU, so on a machine
         without an accelerator both are the CPU and the swaps move no memory. A device
         that does not exist is soft-placed (TensorFlow 2's default placement policy).
+    budget : int or str, optional
+        Device memory the step must fit, in bytes or as a size (``"8GiB"``,
+        :func:`lmscore.units.parse_bytes`); per device for a data-parallel step.
+    preset, link, strategy, safety, workspace : optional
+        Options of :func:`lmscore.tune.tune` (``preset`` is its ``device``: the time
+        model's accelerator); its defaults when not given. They need a budget (or a GPU).
     **knobs
         Further keyword arguments of :func:`lmscore.plan.plan_from_params`
         (``serialize``, ``include_scopes``, ``trigger_window``...).
@@ -397,13 +472,16 @@ def swap(
     Returns
     -------
     SwappedStep
-        Callable; carries ``.plan`` and ``.rewrite``.
+        Callable; carries ``.plan``, ``.rewrite``, ``.summary`` and ``.tuning``.
 
     Raises
     ------
     ConfigError
-        If an argument is unusable (unknown knob, missing batch size, specs with a
-        ConcreteFunction...).
+        If an argument is unusable (unknown knob, knobs with a budget, a budget that is
+        not a size, missing batch size, specs with a ConcreteFunction...).
+    NoFitError
+        If no plan fits the budget (a :class:`~lmscore.errors.PlanError` naming the op
+        that bounds every plan).
     GraphError
         If the step cannot be traced or imported, or the rewritten graph cannot be
         imported into TensorFlow.
@@ -414,32 +492,364 @@ def swap(
 
     from .load import from_function
 
-    cf = _concrete_function(tf, train_step, specs)
-    graph = from_function(cf)
-    graph = graph.replace(graph.ops, source=getattr(train_step, "__name__", None) or cf.graph.name)
+    knob_args = {k: v for k, v in (("threshold", threshold), ("ahead", ahead),
+                                   ("groupby", groupby), ("sync_mode", sync_mode))
+                 if v is not None}
+    tune_args = {k: v for k, v in (("device", preset), ("link", link), ("strategy", strategy),
+                                   ("safety", safety), ("workspace", workspace))
+                 if v is not None}
+    memory = None if budget is None else _budget_bytes(budget)
     if plan is None:
         allowed = set(inspect.signature(plan_from_params).parameters) - {
-            "graph", "batch_size", "threshold", "ahead", "groupby", "sync_mode",
+            "graph", "batch_size", *_KNOB_DEFAULTS,
         }
         for key in knobs:
             if key not in allowed:
                 raise ConfigError(
                     f"{key}: not a planning knob (one of: {', '.join(sorted(allowed))})"
                 )
-        if batch_size is None:
-            batch_size = _signature_batch(tf, cf)
-        plan = plan_from_params(
-            graph, batch_size, threshold=threshold, ahead=ahead, groupby=groupby,
-            sync_mode=sync_mode, **knobs,
-        )
+        knob_args.update(knobs)
+        if memory is not None and knob_args:
+            raise ConfigError(f"{next(iter(knob_args))}: a knob cannot be given with a "
+                              "budget (the tuner chooses the plan; pass one or the other)")
     elif knobs:
         raise ConfigError(f"{next(iter(knobs))}: planning knobs cannot be given with a plan")
-    result = rewrite(graph, plan)
+    elif memory is not None or tune_args:
+        what = "budget" if memory is not None else _tune_name(next(iter(tune_args)))
+        raise ConfigError(f"{what}: cannot be given with a plan (the plan is applied as is)")
+
+    cf = _concrete_function(tf, train_step, specs)
+    graph = from_function(cf)
+    graph = graph.replace(graph.ops, source=getattr(train_step, "__name__", None) or cf.graph.name)
     dev, hst = _local_devices(tf)
     dev, hst = device or dev, host or hst
-    data = to_graphdef(result.graph, mode="gpu", device=dev, host=hst)
+    origin = "budget"
+    if plan is None and memory is None and not knob_args:
+        memory = _accelerator_memory(tf, dev)  # None without a GPU: the knob plan
+        origin = f"{dev} memory"
+    if plan is None and memory is None and tune_args:
+        raise ConfigError(f"{_tune_name(next(iter(tune_args)))}: a tuning option needs a "
+                          "budget (there is no GPU whose memory to take)")
+    if plan is None and batch_size is None:
+        batch_size = _signature_batch(tf, cf)
+    groups = _device_groups(graph) if plan is None else {}
+    if len(groups) > 1:
+        result, summary, tuning = _plan_per_device(
+            graph, groups, batch_size, memory, origin, tune_args, knob_args)
+    else:
+        result, summary, tuning = _plan_step(
+            graph, batch_size, memory, origin, tune_args, knob_args, plan)
+    summary = f"{graph.source}: {summary}"
+    data = to_graphdef(result.graph, mode="gpu", device=dev, host=hst,
+                       follow_producer=len(groups) > 1)
     function, variables = _step_from_function(tf, cf, data, graph.source)
-    return SwappedStep(function, result.plan, result, graph, data, variables, dev, hst)
+    _log.info(summary)
+    return SwappedStep(function, result.plan, result, graph, data, variables, dev, hst,
+                       summary, tuning)
+
+
+def _tune_name(key: str) -> str:
+    """The name :func:`swap` gives a :func:`lmscore.tune.tune` option."""
+    return "preset" if key == "device" else key
+
+
+def _budget_bytes(budget: Any) -> int:
+    """Bytes of a ``budget`` given as a byte count or a size string."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, str)):
+        raise ConfigError(f"budget: expected bytes or a size such as '8GiB', got {budget!r}")
+    if isinstance(budget, int):
+        if budget <= 0:
+            raise ConfigError(f"budget: must be positive, got {budget}")
+        return budget
+    try:
+        return parse_bytes(budget)
+    except ConfigError as e:
+        raise ConfigError(f"budget: {e}") from None
+
+
+def _accelerator_memory(tf: Any, device: str) -> int | None:
+    """Bytes TensorFlow gives the GPU ``device`` (its allocator's limit); None for a CPU.
+
+    TensorFlow 2 reports no memory size through ``tf.config`` (``get_memory_info`` is
+    what is in use, ``get_device_details`` names the board); ``list_local_devices``
+    reports each device's ``memory_limit``, what its allocator may hand out (a logical
+    GPU's configured limit, or the free memory at start less TensorFlow's reserve).
+    """
+    spec = tf.DeviceSpec.from_string(device)
+    if (spec.device_type or "").upper() != "GPU" or not tf.config.list_logical_devices("GPU"):
+        return None
+    from tensorflow.python.client import device_lib
+
+    index = spec.device_index or 0
+    for d in device_lib.list_local_devices():
+        found = tf.DeviceSpec.from_string(d.name)
+        if (found.device_type or "").upper() == "GPU" and (found.device_index or 0) == index:
+            return int(d.memory_limit) or None
+    return None
+
+
+def _plan_step(
+    graph: Graph,
+    batch: int | None,
+    memory: int | None,
+    origin: str,
+    tune_args: Mapping[str, Any],
+    knob_args: Mapping[str, Any],
+    plan: Plan | None,
+) -> tuple[Rewrite, str, tuple[TuneResult, ...]]:
+    """Plan ``graph`` (tuned, by the knobs, or ``plan``), rewrite it and say what was done."""
+    from .evaluate import evaluate_plan
+    from .tune import tune
+
+    if plan is None and memory is not None:
+        assert batch is not None
+        found = tune(graph, batch, memory, **tune_args)
+        if not found.fits:
+            raise NoFitError(
+                f"budget: {graph.source} at batch {batch} on a {format_bytes(memory)} device "
+                f"({origin}): {found.message}", found)
+        result = rewrite(graph, found.plan)
+        how = (f"{found.strategy} plan for a {format_bytes(memory)} device ({origin}) "
+               f"at batch {batch}")
+        return result, _described(graph, batch, how, found.baseline_peak_bytes,
+                                  found.predicted_peak_bytes, result.plan,
+                                  found.swap_bytes, found.predicted_overhead), (found,)
+    if plan is None:
+        assert batch is not None
+        plan = plan_from_params(graph, batch, **{**_KNOB_DEFAULTS, **knob_args})
+        knobs = {k: plan.params.get(k, v) for k, v in _KNOB_DEFAULTS.items()}
+        how = "knob plan (" + ", ".join(f"{k} {v}" for k, v in knobs.items()) + ")"
+    else:
+        how = "given plan"
+        batch = batch or plan.params.get("batch_size")
+    if not isinstance(batch, int):  # nothing to simulate the plan at
+        result = rewrite(graph, plan)
+        return result, _described(graph, None, how, 0, 0, result.plan, 0, None), ()
+    ev = evaluate_plan(graph, plan, batch)
+    how += f" at batch {batch}"
+    return ev.rewrite, _described(graph, batch, how, ev.before.peak_bytes, ev.after.peak_bytes,
+                                  ev.plan, ev.swap_bytes, None), ()
+
+
+def _described(graph: Graph, batch: int | None, how: str, before: int, after: int,
+               plan: Plan, swap_bytes: int, overhead: float | None) -> str:
+    """One line: how the plan was made, the peaks, what it moves and recomputes."""
+    from .shapes import resolve
+
+    parts = [how]
+    if batch is not None:
+        parts.append(f"peak {format_bytes(before)} -> {format_bytes(after)}")
+    moved = f"{len(plan.swaps)} tensors swapped"
+    if batch is not None:
+        moved += f" ({format_bytes(swap_bytes)})"
+    parts.append(moved)
+    if plan.recomputes:
+        recomputed = f"{len(plan.recomputes)} recomputed"
+        if batch is not None:
+            sizes = resolve(graph, batch)
+            total = sum(max(sizes.nbytes[graph.index[name]][port], 0)
+                        for name, port in (split_tensor(r.tensor) for r in plan.recomputes))
+            recomputed += f" ({format_bytes(total)})"
+        parts.append(recomputed)
+    if overhead is not None:
+        parts.append(f"predicted overhead {overhead:.1%}")
+    return ", ".join(parts)
+
+
+# --- Data-parallel steps: one plan per device ------------------------------------------------
+
+_DEVICE_KIND = re.compile(r"(?:^|/)(?:device:)?([A-Za-z_]+):(\d+)$")
+#: Name suffix of the ops a device's step gets for the tensors other devices read.
+_BOUNDARY = "/lms_boundary_out"
+
+
+def _device_groups(graph: Graph) -> dict[str, tuple[int, ...]]:
+    """The ops of each device of a data-parallel step; empty for a single-device step.
+
+    A step traced under ``tf.distribute.MirroredStrategy`` places every replica's ops on
+    its device; what the trace leaves unplaced (feeds, variable reads, constants) belongs
+    to the device of all its placed readers (the placer colocates a read with its
+    variable), or of all its inputs; what several devices read belongs to none. A step
+    is data-parallel when two or more devices of one type hold ops.
+    """
+    adj = graph.adjacency
+    device = [_canonical(op.device) for op in graph.ops]
+    kinds: dict[str, set[str]] = {}
+    for d in set(device) - {""}:
+        kinds.setdefault(d.split(":")[0], set()).add(d)
+    if not any(len(v) > 1 for v in kinds.values()):
+        return {}
+    readers: list[set[int]] = [set() for _ in graph.ops]
+    for (p, _port), cs in adj.consumers.items():
+        readers[p].update(cs)
+    topo = _topological(graph)
+    # Data edges only: the step's last op waits for every stateful op of every device.
+    for i in reversed(topo):
+        if not device[i]:
+            seen = {device[c] for c in readers[i]} - {""}
+            if len(seen) == 1:
+                device[i] = seen.pop()
+    for i in topo:
+        if not device[i]:
+            seen = {device[p] for p, _port in adj.data_in[i]}
+            if len(seen) == 1 and "" not in seen:
+                device[i] = seen.pop()
+    groups: dict[str, list[int]] = {}
+    for i, d in enumerate(device):
+        if d:
+            groups.setdefault(d, []).append(i)
+    return {d: _without_reentry(graph, v) for d, v in sorted(groups.items())}
+
+
+def _without_reentry(graph: Graph, group: Sequence[int]) -> tuple[int, ...]:
+    """``group`` without the ops that depend on it through ops outside it.
+
+    A device's step sees what other devices send it as feeds, ready when it starts; an
+    op that waits for something that waits for this device (the step's outputs wait for
+    every device's updates) would then be pinned before what it waits for, a cycle.
+    """
+    succs = graph.adjacency.succs
+    inside = set(group)
+    stack = [s for i in group for s in succs[i] if s not in inside]
+    seen = set(stack)
+    while stack:
+        for s in succs[stack.pop()]:
+            if s not in seen:
+                seen.add(s)
+                stack.append(s)
+    return tuple(i for i in group if i not in seen)
+
+
+def _canonical(device: str) -> str:
+    """``"CPU:1"`` for ``/job:localhost/replica:0/task:0/device:CPU:1``; "" if unplaced."""
+    m = _DEVICE_KIND.search(device or "")
+    return f"{m.group(1).upper()}:{m.group(2)}" if m else ""
+
+
+def _topological(graph: Graph) -> list[int]:
+    adj = graph.adjacency
+    indeg = [len(p) for p in adj.preds]
+    stack = [i for i, d in enumerate(indeg) if d == 0][::-1]
+    out = []
+    while stack:
+        i = stack.pop()
+        out.append(i)
+        for s in adj.succs[i]:
+            indeg[s] -= 1
+            if not indeg[s]:
+                stack.append(s)
+    return out
+
+
+def _device_step(graph: Graph, members: Sequence[int], device: str) -> tuple[Graph, set[str]]:
+    """The step one device runs: its ops, with what other devices send it as feeds.
+
+    Tensors from other devices become ``Placeholder`` ops under their producers' names
+    (the device receives them, as a step receives its inputs), tensors other devices read
+    get an ``Identity`` output (what the device sends is kept until the step's end, as a
+    step's outputs are), and control edges from other devices are left out. Returns the
+    step and the names of those added ops.
+    """
+    adj = graph.adjacency
+    inside = set(members)
+    feeds: dict[int, Op] = {}
+    sent: list[Op] = []
+    ops: list[Op] = []
+    for i in members:
+        op = graph.ops[i]
+        for p, _port in adj.data_in[i]:
+            if p not in inside and p not in feeds:
+                src = graph.ops[p]
+                feeds[p] = Op(src.name, "Placeholder", outputs=src.outputs, device=src.device)
+        kept = tuple(c for c in op.control_inputs if graph.index[c] in inside)
+        ops.append(op if kept == op.control_inputs else replace(op, control_inputs=kept))
+        for port in range(len(op.outputs)):
+            readers = adj.consumers.get((i, port), ())
+            if any(c not in inside for c in readers):
+                sent.append(Op(f"{op.name}{_BOUNDARY}_{port}", "Identity",
+                               inputs=(f"{op.name}:{port}",), outputs=(op.outputs[port],),
+                               device=op.device))
+    step = graph.replace([*feeds.values(), *ops, *sent], source=f"{graph.source} on {device}")
+    return step, {op.name for op in (*feeds.values(), *sent)}
+
+
+def _plan_per_device(
+    graph: Graph,
+    groups: Mapping[str, tuple[int, ...]],
+    batch: int,
+    memory: int | None,
+    origin: str,
+    tune_args: Mapping[str, Any],
+    knob_args: Mapping[str, Any],
+) -> tuple[Rewrite, str, tuple[TuneResult, ...]]:
+    """Plan and rewrite each device's step, then put the rewritten steps back together."""
+    done: list[tuple[tuple[int, ...], Rewrite, set[str]]] = []
+    lines, tuning = [], []
+    for name, members in groups.items():
+        step, added = _device_step(graph, members, name)
+        result, line, found = _plan_step(step, batch, memory, origin, tune_args, knob_args,
+                                         None)
+        done.append((members, result, added))
+        lines.append(f"{name}: {line}")
+        tuning.extend(found)
+    merged = _merged(graph, done)
+    return merged, f"{len(groups)} devices planned each; " + "; ".join(lines), tuple(tuning)
+
+
+def _merged(graph: Graph, done: Sequence[tuple[tuple[int, ...], Rewrite, set[str]]]) -> Rewrite:
+    """The step with every device's rewritten ops in place of its own.
+
+    The feeds and outputs a device's step was given are dropped again; a control edge
+    into or out of one (a pinned schedule may chain an output) is bridged, so the order
+    each device's plan pins survives. The plan is every device's swaps and recomputations
+    together (each was applied to its device's step, and its schedule pinned there only:
+    one chain through all devices would make a replica's all-reduce wait for ops of
+    another replica that wait for it).
+    """
+    ops = list(graph.ops)
+    appended: list[Op] = []
+    for members, result, added in done:
+        new = {op.name: op for op in result.graph.ops}
+
+        def bridged(names: Sequence[str], new: dict[str, Op] = new,
+                    added: set[str] = added) -> tuple[str, ...]:
+            out: list[str] = []
+            stack = list(names)[::-1]
+            while stack:
+                c = stack.pop()
+                if c in added:
+                    stack.extend(reversed(new[c].control_inputs))
+                elif c not in out:
+                    out.append(c)
+            return tuple(out)
+
+        for i in members:
+            old = ops[i]
+            op = new[old.name]
+            controls = bridged(op.control_inputs)
+            outside = tuple(c for c in old.control_inputs if c not in controls)
+            ops[i] = replace(op, control_inputs=(*controls, *outside))
+        names = {graph.ops[i].name for i in members} | added
+        appended.extend(replace(op, control_inputs=bridged(op.control_inputs))
+                        for op in result.graph.ops if op.name not in names)
+    step = graph.derive([*ops, *appended], source=f"{graph.source} (rewritten)")
+    lint(step)
+    plans = [result.plan for _, result, _ in done]
+    plan = Plan(
+        fingerprint(graph),
+        tuple(s for p in plans for s in p.swaps),
+        max(p.sync_mode for p in plans),
+        (),
+        {"per_device": [p.params for p in plans]},
+        pin_schedule=any(p.pin_schedule for p in plans),
+        recomputes=tuple(r for p in plans for r in p.recomputes),
+    )
+
+    def every(field_name: str) -> tuple[Any, ...]:
+        return tuple(x for _, result, _ in done for x in getattr(result, field_name))
+
+    return Rewrite(step, plan, every("swap_outs"), every("swap_ins"), every("synchronous"),
+                   every("skipped"), every("clones"))
 
 
 def _concrete_function(tf: Any, fn: Any, specs: tuple[Any, ...]) -> Any:
@@ -500,17 +910,24 @@ def _step_from_function(
     leaves = tf.nest.flatten(args_sig, expand_composites=True)
     if not all(isinstance(s, tf.TypeSpec) for s in leaves):
         raise ConfigError(f"{source}: every argument of the step must be a tensor")
-    n_caps = len(fg.internal_captures)
+    # Captured by reference: values read at each call (a MirroredStrategy step's
+    # collective instance keys, fresh per call), after the captured values.
+    deferred = fg.function_captures
+    late = [(t.op.name, _CallTime(deferred.by_ref_external[key],
+                                  deferred.by_ref_tracetype[key]))
+            for key, t in deferred.by_ref_internal.items()]
+    n_caps = len(fg.internal_captures) + len(late)
     arg_names = [t.op.name for t in fg.inputs[: len(fg.inputs) - n_caps]]
     if len(arg_names) != len(leaves):
         raise GraphError(
             f"{source}: {len(arg_names)} argument placeholders for {len(leaves)} argument specs"
         )
     by_handle = {id(v.handle): v for v in fg.variables}
+    values = cf.captured_inputs[: len(fg.internal_captures)]
     captures = [
         (t.op.name, by_handle.get(id(h), h))
-        for t, h in zip(fg.internal_captures, cf.captured_inputs, strict=True)
-    ]
+        for t, h in zip(fg.internal_captures, values, strict=True)
+    ] + late
     variables = tuple(c for _, c in captures if isinstance(c, tf.Variable))
     structure = cf.structured_outputs
     leaves = tf.nest.flatten(structure, expand_composites=True)
@@ -536,6 +953,20 @@ def _step_from_function(
         library=fg.as_graph_def().library,
     )
     return fn, variables
+
+
+@dataclass(frozen=True)
+class _CallTime:
+    """A capture whose value ``closure()`` is read at each call (TensorFlow's by reference)."""
+
+    closure: Callable[[], Any]
+    spec: Any
+
+    def value(self) -> Any:
+        """The capture's value now (the closure gives its flattened tensors)."""
+        import tensorflow as tf
+
+        return tf.nest.pack_sequence_as(self.spec, self.closure(), expand_composites=True)
 
 
 def _importing_function(
@@ -571,6 +1002,9 @@ def _importing_function(
         flat = tf.nest.flatten(args, expand_composites=True)
         input_map = {f"{n}:0": a for n, a in zip(arg_names, flat, strict=True)}
         for name, value in captures:
+            if isinstance(value, _CallTime):
+                input_map[f"{name}:0"] = graph.capture_call_time_value(value.value, value.spec)
+                continue
             handle = value.handle if isinstance(value, tf.Variable) else value
             input_map[f"{name}:0"] = graph.capture(handle)
         imported = tf.graph_util.import_graph_def(
