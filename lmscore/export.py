@@ -532,8 +532,8 @@ def swap(
                           "budget (there is no GPU whose memory to take)")
     if plan is None and batch_size is None:
         batch_size = _signature_batch(tf, cf)
-    groups = _device_groups(graph) if plan is None else {}
-    if len(groups) > 1:
+    groups = _device_groups(graph)
+    if len(groups) > 1 and plan is None:
         result, summary, tuning = _plan_per_device(
             graph, groups, batch_size, memory, origin, tune_args, knob_args)
     else:
