@@ -14,6 +14,7 @@ The public API, importable without TensorFlow::
 from .errors import ConfigError, GraphError, LmsError, PlanError, RunError
 from .export import SwappedStep, save_rewritten_saved_model, swap, to_graphdef, write_graphdef
 from .ir import Graph, Op, TensorSpec, lint
+from .keras_fit import SwapFit, swap_fit
 from .load import from_function, from_graphdef_bytes, from_keras, load
 from .memory import Buffer, LiveTensor, Simulation, hotspots, live_at, simulate
 from .order import CATEGORIES, Ordering, levels, order
@@ -25,10 +26,10 @@ from .tune import DEVICES, LINKS, TuneResult, max_batch, tune
 __all__ = [
     "CATEGORIES", "DEVICES", "LINKS", "Buffer", "ConfigError", "Graph", "GraphError",
     "LiveTensor", "LmsError", "Op", "Ordering", "Plan", "PlanError", "Rewrite", "RunError",
-    "Simulation", "Sizes", "Swap", "SwapIn", "SwappedStep", "TensorSpec", "TuneResult",
+    "Simulation", "Sizes", "Swap", "SwapFit", "SwapIn", "SwappedStep", "TensorSpec", "TuneResult",
     "check_plan", "from_function", "from_graphdef_bytes", "from_keras", "hotspots", "levels",
     "lint", "live_at", "load", "load_plan", "max_batch", "order", "plan_from_params",
     "resolve", "rewrite", "save_plan", "save_rewritten_saved_model", "simulate", "swap",
-    "to_graphdef", "tune", "write_graphdef",
+    "swap_fit", "to_graphdef", "tune", "write_graphdef",
 ]
 __version__ = "0.1.0"

@@ -28,7 +28,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from lmscore.errors import GraphError
+from lmscore.errors import ConfigError, GraphError
 
 __all__ = [
     "graphdef_from_concrete_function",
@@ -47,7 +47,7 @@ _PolymorphicFunction = tf.types.experimental.PolymorphicFunction
 
 def train_step_function(
     model: Any,
-    loss: Callable[[Any, Any], Any],
+    loss: Callable[[Any, Any], Any] | str,
     optimizer: Any,
     input_signature: Sequence[Any],
 ) -> tf.types.experimental.ConcreteFunction:
@@ -70,10 +70,13 @@ def train_step_function(
     model : keras.Model
         The model. If it is not built yet, it is built by one eager call on zeros shaped like
         ``x_spec`` (unknown dimensions taken as 1).
-    loss : callable
-        ``loss(y_true, y_pred)`` returning a scalar tensor, e.g. a ``keras.losses.Loss``.
-    optimizer : keras.optimizers.Optimizer
-        The optimizer. Its slot variables are created before tracing
+    loss : callable or str
+        ``loss(y_true, y_pred)`` returning a scalar tensor, e.g. a ``keras.losses.Loss``, or
+        a name ``model.compile`` accepts (``"sparse_categorical_crossentropy"``), resolved
+        as it does: ``keras.losses.get``, a function averaged over the batch.
+    optimizer : keras.optimizers.Optimizer or str
+        The optimizer, or a name (``"adam"``: ``keras.optimizers.get``, default settings).
+        Its slot variables are created before tracing
         (``optimizer.build(model.trainable_variables)``) so that the full update is traced.
     input_signature : sequence of two specs
         ``(x_spec, y_spec)``. ``x_spec`` is a ``tf.TensorSpec`` or a tuple, list or dict of
@@ -90,6 +93,8 @@ def train_step_function(
     ------
     ValueError
         If ``input_signature`` does not have exactly two elements.
+    ConfigError
+        If ``loss`` or ``optimizer`` is a name Keras does not know.
 
     """
     if len(input_signature) != 2:
@@ -97,6 +102,7 @@ def train_step_function(
             f"input_signature must be (x_spec, y_spec), got {len(input_signature)} element(s)"
         )
     x_spec, y_spec = input_signature
+    loss, optimizer = _keras_loss(loss), _keras_optimizer(optimizer)
     if not getattr(model, "built", True) or not model.trainable_variables:
         model(_zeros_like_spec(x_spec), training=False)
     variables = list(model.trainable_variables)
@@ -146,7 +152,7 @@ def graphdef_from_concrete_function(cf: tf.types.experimental.ConcreteFunction) 
 
 def graphdef_from_keras(
     model: Any,
-    loss: Callable[[Any, Any], Any],
+    loss: Callable[[Any, Any], Any] | str,
     optimizer: Any,
     x_spec: Any,
     y_spec: Any,
@@ -159,10 +165,10 @@ def graphdef_from_keras(
     ----------
     model : keras.Model
         The model.
-    loss : callable
-        ``loss(y_true, y_pred)`` returning a scalar tensor.
-    optimizer : keras.optimizers.Optimizer
-        The optimizer.
+    loss : callable or str
+        ``loss(y_true, y_pred)`` returning a scalar tensor, or a Keras loss name.
+    optimizer : keras.optimizers.Optimizer or str
+        The optimizer, or a Keras optimizer name.
     x_spec : tf.TensorSpec or structure of tf.TensorSpec
         Spec of the model input(s), normally with a ``None`` batch dimension.
     y_spec : tf.TensorSpec or structure of tf.TensorSpec
@@ -176,6 +182,37 @@ def graphdef_from_keras(
     """
     cf = train_step_function(model, loss, optimizer, (x_spec, y_spec))
     return graphdef_from_concrete_function(cf)
+
+
+def _keras_loss(loss: Any) -> Any:
+    """A loss name resolved as ``model.compile`` does; anything else as given."""
+    if not isinstance(loss, str):
+        return loss
+    import keras
+    from keras.src.losses import LossFunctionWrapper  # what compile wraps a function in
+
+    try:
+        resolved = keras.losses.get(loss)
+    except (ValueError, TypeError):
+        resolved = None
+    if not callable(resolved):
+        raise ConfigError(f"loss: Keras knows no loss named {loss!r}")
+    if not isinstance(resolved, keras.losses.Loss):
+        # A loss function returns one value per sample; compile averages it over the batch.
+        resolved = LossFunctionWrapper(resolved, name=loss)
+    return resolved
+
+
+def _keras_optimizer(optimizer: Any) -> Any:
+    """An optimizer name resolved by ``keras.optimizers.get``; anything else as given."""
+    if not isinstance(optimizer, str):
+        return optimizer
+    import keras
+
+    try:
+        return keras.optimizers.get(optimizer)
+    except (ValueError, TypeError):
+        raise ConfigError(f"optimizer: Keras knows no optimizer named {optimizer!r}") from None
 
 
 def graphdef_from_function(fn: Any, *args_specs: Any) -> bytes:
