@@ -565,6 +565,8 @@ def keeps_tensor(
             return True
     if not exact:
         return False
+    if _swish_reads(graph, consumer, (producer, port)):
+        return True
     if op.type in _AGGREGATES:
         if len(data) < 3:
             return False
@@ -578,6 +580,29 @@ def keeps_tensor(
     else:
         return False
     return _reorders(graph, data, (producer, port))
+
+
+def _swish_reads(graph: Graph, consumer: int, tensor: tuple[int, int]) -> bool:
+    """Whether ``consumer`` is the ``Mul`` of a swish of ``tensor``.
+
+    A swish is ``x * sigmoid(x)``, or ``x * sigmoid(beta * x)`` as Keras writes it.
+
+    oneDNN's remapper fuses a convolution, its bias and a swish into one kernel only when
+    the swish reads the convolution's output itself; through a swap-in they run apart and
+    round otherwise (a BatchNorm CNN with swish trained with ``fit``: weights 3e-4 apart).
+    """
+    adj = graph.adjacency
+    data = adj.data_in[consumer]
+    if graph.ops[consumer].type != "Mul" or tensor not in data:
+        return False
+
+    def of_x(p: int) -> bool:  # x itself, or beta * x
+        ins = tuple(adj.data_in[p])
+        return ins[:1] == (tensor,) or (graph.ops[p].type == "Mul" and tensor in ins)
+
+    return any(graph.ops[p].type == "Sigmoid" and adj.data_in[p]
+               and (adj.data_in[p][0] == tensor or of_x(adj.data_in[p][0][0]))
+               for p, _ in data)
 
 
 def _spelled(graph: Graph, tensor: tuple[int, int]) -> str:

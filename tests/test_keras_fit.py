@@ -134,6 +134,31 @@ def test_fit_with_the_rewritten_step_is_bit_identical():
     _assert_same_weights(model, plain)
 
 
+def _bn_swish_cnn():
+    """Convolutions with BatchNorm and swish, which oneDNN fuses with their bias."""
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([
+        keras.Input((12, 12, 1)), keras.layers.Conv2D(8, 3), keras.layers.BatchNormalization(),
+        keras.layers.Activation("swish"), keras.layers.Conv2D(8, 3, activation="swish"),
+        keras.layers.Flatten(), keras.layers.Dense(4),
+    ], name="bnswish")
+    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_swish_keeps_its_fusion():
+    # the swap-in of a convolution's output once fed its swish's Mul: oneDNN then ran the
+    # convolution, bias and swish apart and the weights ended 3e-4 apart (plan.keeps_tensor)
+    plain = _bn_swish_cnn()
+    _fit(plain)
+    model = _bn_swish_cnn()
+    fit = lmscore.swap_fit(model, **KNOBS)
+    _fit(model)
+    assert len(fit.steps[0].plan.swaps) >= 10
+    _assert_same_weights(model, plain)
+
+
 def test_sample_weights_and_steps_per_execution():
     plain = _cnn(steps_per_execution=3)
     history, record = _fit(plain, sample_weight=WEIGHTS)

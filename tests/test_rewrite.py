@@ -289,3 +289,27 @@ def test_pinned_schedule_chains_device_ops_in_the_simulated_order():
     assert "pin_schedule" not in plan.to_json()  # older plans keep their bytes
     with pytest.raises(PlanError, match="pin_schedule must be true or false"):
         plan_from_json(text.replace('"pin_schedule": true', '"pin_schedule": 1'))
+
+
+def test_a_swish_reads_the_tensor_itself():
+    # b = conv + bias; Keras' swish b * sigmoid(beta * b), a plain one b * sigmoid(b), and a
+    # product of b with something else, which may read a swap-in
+    f = t("float", 1, 8)
+    g = Graph((
+        Op("x", "Placeholder", outputs=f), Op("beta", "Const", outputs=t("float")),
+        Op("b", "BiasAdd", inputs=("x:0", "x:0"), outputs=f),
+        Op("scaled", "Mul", inputs=("beta:0", "b:0"), outputs=f),
+        Op("sig", "Sigmoid", inputs=("scaled:0",), outputs=f),
+        Op("swish", "Mul", inputs=("b:0", "sig:0"), outputs=f),
+        Op("sig2", "Sigmoid", inputs=("b:0",), outputs=f),
+        Op("swish2", "Mul", inputs=("sig2:0", "b:0"), outputs=f),
+        Op("other", "Mul", inputs=("b:0", "x:0"), outputs=f),
+    ), "swish")
+    from lmscore.plan import keeps_tensor
+
+    i = g.index
+    assert keeps_tensor(g, i["swish"], i["b"], 0)
+    assert keeps_tensor(g, i["swish2"], i["b"], 0)
+    assert not keeps_tensor(g, i["other"], i["b"], 0)
+    assert not keeps_tensor(g, i["sig2"], i["b"], 0)
+    assert not keeps_tensor(g, i["swish"], i["b"], 0, exact=False)  # tuned plans: a peak
