@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import pathlib
+import re
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import samples
 from .errors import ConfigError, LmsError
-from .units import format_bytes
+from .units import SIZE_SYNTAX, format_bytes, parse_bytes
 
 if TYPE_CHECKING:  # the CLI imports TensorFlow-free modules lazily, per command
     from .evaluate import PlanEvaluation
@@ -25,11 +28,98 @@ if TYPE_CHECKING:  # the CLI imports TensorFlow-free modules lazily, per command
 EXIT_USAGE = 2
 
 
+#: An option's value that starts with a minus and a digit (``-8GB``, ``-1``) is a value, not
+#: an option, so that it is refused for what it is; Python 3.13's argparse reads it so too.
+_NEGATIVE_VALUE = re.compile(r"^-\.?\d")
+
+
+def allow_negative_values(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Make ``parser`` take ``--budget -8GB`` as a (negative) value, not as an unknown option."""
+    parser._negative_number_matcher = _NEGATIVE_VALUE  # type: ignore[attr-defined]
+    return parser
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors in the same one-line form, exit 2."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        allow_negative_values(self)
+
     def error(self, message: str) -> None:  # type: ignore[override]
+        message = message.removeprefix("argument ")  # "--budget: ...", as lmscore's errors
         self.exit(EXIT_USAGE, f"lms: error: {message} (see 'lms {self.prog.split()[-1]} -h')\n")
+
+
+def quiet_tensorflow(verbose: bool = False) -> None:
+    """Decide whether TensorFlow's log lines and warnings reach stderr; before it is imported.
+
+    They describe this machine (no GPU, CPU instructions, oneDNN), not the graph, and would
+    bury the one-line answers of ``lms``. Unless ``verbose``: TensorFlow's C++ log lines are
+    hidden (``TF_CPP_MIN_LOG_LEVEL=3``, unless the environment sets it already), and so are
+    its Python logger's and absl's messages under errors and the Python warnings of
+    TensorFlow and Keras. ``verbose`` shows all of them (``TF_CPP_MIN_LOG_LEVEL=0``).
+    TensorFlow's failures still come back as exceptions, and ``lms`` prints those.
+    """
+    loggers = [logging.getLogger(name) for name in ("tensorflow", "absl")]
+    modules = r"(tensorflow|keras|absl|tf_keras)(\.|$)"
+    if verbose:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
+        for logger in loggers:
+            logger.setLevel(logging.NOTSET)
+        warnings.filterwarnings("default", module=modules)
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module=modules)
+
+
+#: Commands that run TensorFlow in this process (the others import it at most to read a graph,
+#: and lmscore.load hides its lines then).
+_RUNS_TENSORFLOW = frozenset({"validate", "profile"})
+
+
+def _start_tensorflow() -> None:
+    """Import TensorFlow now, for a command that runs it, as :func:`quiet_tensorflow` decided.
+
+    TensorFlow writes its first lines (oneDNN, CUDA drivers) before its log level applies:
+    unless that level lets everything through (``--verbose``), the import runs with
+    descriptor 2 sent to a scratch file.
+    """
+    if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") in ("", "0"):
+        return
+    from .load import native_output_silenced
+
+    try:
+        with native_output_silenced():
+            import tensorflow  # noqa: F401
+    except ImportError:
+        pass  # the command says so when it imports TensorFlow itself
+
+
+def _size_arg(text: str) -> int:
+    """An option's size (``8GB``, ``8GiB``, ``8G``); argparse puts the option's name first."""
+    try:
+        return parse_bytes(text)
+    except LmsError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _preset_arg(kind: str) -> Callable[[str], str]:
+    """The type of ``--device``/``--link``: a preset's name in any case, as spelled in the table."""
+    from .tune import DEVICES, LINKS, preset
+
+    table = DEVICES if kind == "device" else LINKS
+
+    def parse(text: str) -> str:
+        try:
+            return preset(text, table, kind)
+        except LmsError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = kind  # argparse names the type in some messages
+    return parse
 
 
 def _positive_int(text: str) -> int:
@@ -40,6 +130,19 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def _graph_args(p: argparse.ArgumentParser) -> None:
+    """The graph a command reads: FILE, --batch-size, --function."""
+    p.add_argument("file", metavar="FILE",
+                   help="a GraphDef (.pb binary or .pbtxt text), a SavedModel directory or .zip, "
+                        "or the name of a bundled sample (see lms samples)")
+    p.add_argument("--batch-size", type=_positive_int, default=None, metavar="N",
+                   help="fills the graph's unknown batch dimension (default: a bundled "
+                        "sample's batch size, else 1); a graph with a fixed batch keeps its own")
+    p.add_argument("--function", default=None, metavar="NAME",
+                   help="SavedModels only: the function or signature to load (default: "
+                        "train_step if there is one, else the only signature)")
 
 
 def _workspace_arg(p: argparse.ArgumentParser) -> None:
@@ -53,95 +156,166 @@ def _workspace_arg(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``lms`` (one sub-command per job)."""
-    parser = _Parser(prog="lms", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="lms", description=__doc__.splitlines()[0].replace("``", ""))
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("inspect", help="ops, levels, simulated peak and hotspots of a graph")
-    p.add_argument("file", help="GraphDef (.pb/.pbtxt), SavedModel dir/zip, or a sample name")
-    p.add_argument("--batch-size", type=_positive_int, default=None,
-                   help="fills unknown batch dimensions (default: the sample's, else 1)")
-    p.add_argument("--function", default=None, help="SavedModel function or signature")
-    p.add_argument("--top", type=_positive_int, default=10, help="hotspots to list")
+    _graph_args(p)
+    p.add_argument("--top", type=_positive_int, default=10, metavar="N",
+                   help="how many of the largest tensors alive at the peak to list (default 10)")
     _workspace_arg(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object instead of the summary")
 
     p = sub.add_parser("validate", help="run on CPU under TensorFlow: measured vs simulated peak")
-    p.add_argument("file")
-    p.add_argument("--batch-size", type=_positive_int, default=None)
-    p.add_argument("--function", default=None)
-    p.add_argument("--steps", type=_positive_int, default=None,
-                   help="steps to run, the last one traced (2; 3 with --plan)")
-    p.add_argument("--plan", default=None,
-                   help="also run this rewrite on the emulated accelerator and compare")
+    _graph_args(p)
+    p.add_argument("--steps", type=_positive_int, default=None, metavar="N",
+                   help="training steps to run, the last one traced (default 2; 3 with --plan)")
+    p.add_argument("--plan", default=None, metavar="PLAN.json",
+                   help="a plan (from --plan-out of rewrite or tune): run the original and the "
+                        "rewritten step on the emulated accelerator (CPU:0 the device, CPU:1 "
+                        "the host) and compare their memory and numerics")
     p.add_argument("--timeline", default=None, metavar="OUT.html|OUT.json",
                    help="with --plan: write the measured and simulated device curves of the "
                         "rewritten step on one time axis, what the device held at its "
                         "measured peak that the simulation had freed, and when each swap ran")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object instead of the summary")
 
     p = sub.add_parser("rewrite", help="swap tensors to host memory: a plan, a new graph")
-    p.add_argument("file")
-    p.add_argument("--batch-size", type=_positive_int, default=None)
-    p.add_argument("--function", default=None)
+    _graph_args(p)
     knobs = p.add_argument_group("knobs (TFLMS v2), or --plan")
-    knobs.add_argument("--threshold", type=int, default=None,
-                       help="consumers more than this many levels away read from host (5)")
-    knobs.add_argument("--ahead", type=int, default=None,
-                       help="trigger swap-ins about this many levels early (1)")
-    knobs.add_argument("--groupby", type=int, default=None,
-                       help="consumers within this many levels share a swap-in (5)")
-    knobs.add_argument("--sync-mode", type=int, default=None, help="0-3 (0)")
-    knobs.add_argument("--serialize", default=None, help="levels to serialize: 3,7,12")
-    knobs.add_argument("--serialize-min", default=None,
-                       help="serialize levels above this device memory (e.g. 2GiB)")
-    knobs.add_argument("--include-scope", action="append", default=[])
-    knobs.add_argument("--exclude-scope", action="append", default=[])
-    knobs.add_argument("--include-type", action="append", default=[])
-    knobs.add_argument("--exclude-type", action="append", default=[])
-    p.add_argument("--plan", default=None, help="apply this plan instead of the knobs")
-    p.add_argument("--out", required=True, help="rewritten GraphDef (.pb or .pbtxt)")
-    p.add_argument("--plan-out", default=None, help="write the applied plan (JSON)")
-    p.add_argument("--device", default="/GPU:0", help="accelerator device string")
-    p.add_argument("--host", default="/CPU:0", help="host device string")
+    knobs.add_argument("--threshold", type=int, default=None, metavar="LEVELS",
+                       help="consumers more than this many levels after a tensor's producer "
+                            "read it back from host memory (default 5)")
+    knobs.add_argument("--ahead", type=int, default=None, metavar="LEVELS",
+                       help="start each swap-in about this many levels before its first "
+                            "consumer (default 1)")
+    knobs.add_argument("--groupby", type=int, default=None, metavar="LEVELS",
+                       help="far consumers within this many levels of each other share one "
+                            "swap-in (default 5)")
+    knobs.add_argument("--sync-mode", type=int, default=None, metavar="0-3",
+                       help="which swaps the step waits for: 0 none, 1 swap-outs, 2 swap-ins, "
+                            "3 both (default 0)")
+    knobs.add_argument("--serialize", default=None, metavar="LEVELS",
+                       help="levels whose ops run one at a time, comma-separated: 3,7,12 "
+                            "(default none)")
+    knobs.add_argument("--serialize-min", default=None, type=_size_arg, metavar="SIZE",
+                       help="also serialize every level whose simulated device memory is above "
+                            f"this size: {SIZE_SYNTAX} (default: none)")
+    knobs.add_argument("--include-scope", action="append", default=[], metavar="PREFIX",
+                       help="swap only tensors whose producer's name starts with this "
+                            "(repeatable; default: all)")
+    knobs.add_argument("--exclude-scope", action="append", default=[], metavar="PREFIX",
+                       help="never swap tensors whose producer's name starts with this "
+                            "(repeatable)")
+    knobs.add_argument("--include-type", action="append", default=[], metavar="OP",
+                       help="swap only outputs of ops of this type, e.g. Conv2D (repeatable; "
+                            "default: all)")
+    knobs.add_argument("--exclude-type", action="append", default=[], metavar="OP",
+                       help="never swap outputs of ops of this type (repeatable)")
+    p.add_argument("--plan", default=None, metavar="PLAN.json",
+                   help="apply this plan (from --plan-out) instead of the knobs")
+    p.add_argument("--out", required=True, metavar="OUT.pb",
+                   help="where to write the rewritten GraphDef (.pb binary or .pbtxt text)")
+    p.add_argument("--plan-out", default=None, metavar="PLAN.json",
+                   help="also write the applied plan (JSON)")
+    p.add_argument("--device", default="/GPU:0",
+                   help="device string of the accelerator in the written graph (default /GPU:0)")
+    p.add_argument("--host", default="/CPU:0",
+                   help="device string of the host memory swapped tensors go to "
+                        "(default /CPU:0)")
     _workspace_arg(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object instead of the summary")
+
+    from .tune import DEVICES, LINKS
 
     p = sub.add_parser("tune", help="the fastest plan that fits a memory budget")
-    p.add_argument("file")
-    p.add_argument("--budget", required=True, help="device memory: bytes or 16GiB, 15.5GB...")
-    p.add_argument("--batch-size", type=_positive_int, default=None)
-    p.add_argument("--function", default=None)
-    p.add_argument("--device", default="V100", help="device preset: P100, V100, A100, H100")
-    p.add_argument("--link", default="pcie3", help="host link preset: pcie3, pcie4, nvlink2")
-    p.add_argument("--safety", type=float, default=0.9, help="usable fraction (0.9)")
+    _graph_args(p)
+    p.add_argument("--budget", required=True, type=_size_arg, metavar="SIZE",
+                   help=f"device memory: {SIZE_SYNTAX}; e.g. 16GiB (16G) or 15.5GB")
+    p.add_argument("--device", default="V100", type=_preset_arg("device"),
+                   help=f"accelerator preset, any case: {', '.join(DEVICES)}; its speed and "
+                        "bandwidth price the plans (default V100)")
+    p.add_argument("--link", default="pcie3", type=_preset_arg("link"),
+                   help=f"host link preset, any case: {', '.join(LINKS)}; its bandwidth prices "
+                        "the swaps (default pcie3)")
+    p.add_argument("--profile", default=None, metavar="PROFILE.json",
+                   help="price the plans with times measured on your device (lms profile) "
+                        "instead of the device and link presets' speeds")
+    p.add_argument("--safety", type=float, default=0.9, metavar="FRACTION",
+                   help="fraction of the device memory left after persistent memory that the "
+                        "step may use, in (0, 1] (default 0.9)")
+    p.add_argument("--host-memory", default=None, type=_size_arg, metavar="SIZE",
+                   help="host memory the swapped tensors may hold at once: "
+                        f"{SIZE_SYNTAX} (default: TensorFlow's pinned host allocator limit, "
+                        "TF_GPU_HOST_MEM_LIMIT_IN_MB, else 128GiB)")
     p.add_argument("--strategy", choices=("hybrid", "swap", "recompute", "knobs", "tflms",
-                                          "default"), default="hybrid")
+                                          "default"), default="hybrid",
+                   help="hybrid (the default, also 'default'): swap or recompute per tensor and "
+                        "keep the fastest of its plans; swap, recompute: per tensor, one kind "
+                        "only; knobs: TFLMS's knobs scored by a time model; tflms: TFLMS v2's "
+                        "own search, on memory only")
     _workspace_arg(p)
     p.add_argument("--max-batch", action="store_true",
-                   help="largest batch that fits without and with the tuned rewrite")
+                   help="also find the largest batch that fits without and with the tuned "
+                        "rewrite, and the batch no plan can pass (tunes many times)")
     p.add_argument("--compare-grappler", action="store_true",
                    help="also run TensorFlow's Grappler swapping and TFLMS v2 search")
-    p.add_argument("--plot", default=None, help="write the memory curves (.html)")
-    p.add_argument("--out", default=None, help="write the rewritten GraphDef")
-    p.add_argument("--plan-out", default=None, help="write the plan (JSON)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--plot", default=None, metavar="OUT.html",
+                   help="write the device and host memory curves before and after, with the "
+                        "budget (.html; .png where a static image exporter is installed)")
+    p.add_argument("--out", default=None, metavar="OUT.pb",
+                   help="write the rewritten GraphDef (.pb or .pbtxt); the step unchanged "
+                        "when nothing needs swapping")
+    p.add_argument("--plan-out", default=None, metavar="PLAN.json",
+                   help="write the plan (JSON), for rewrite --plan and validate --plan")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object instead of the summary (exit status 1 when "
+                        "nothing fits, as without --json)")
+
+    p = sub.add_parser("profile", help="measure the step's op times and copy bandwidth on "
+                                       "this machine: a time model for lms tune --profile")
+    _graph_args(p)
+    p.add_argument("--steps", type=_positive_int, default=None, metavar="N",
+                   help="traced steps (per-op medians) and untraced steps (wall time), each "
+                        "(default 10)")
+    p.add_argument("--device", default=None, choices=("CPU", "GPU", "cpu", "gpu"),
+                   help="the device to profile (default: a GPU if TensorFlow sees one, else "
+                        "the CPU)")
+    p.add_argument("--out", required=True, metavar="PROFILE.json", help="write the profile")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object instead of the summary")
 
     sub.add_parser("samples", help="list the bundled sample graphs")
     sub.add_parser("serve", help="the web app (lms serve [FILE] [--port 8050] ...; -h for more)",
                    add_help=False)
+    # --verbose before the command (lms --verbose tune) or after it (lms tune --verbose)
+    verbose_help = "show TensorFlow's log lines and warnings (hidden otherwise)"
+    parser.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
+    for name, p in sub.choices.items():
+        if name != "serve":  # the web app parses its own options, --verbose too
+            p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                           help=verbose_help)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``lms`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["serve"]:  # the web app has its own options
+    lead = 0  # global options before the command
+    while argv[lead:lead + 1] in (["-v"], ["--verbose"]):
+        lead += 1
+    if argv[lead:lead + 1] == ["serve"]:  # the web app has its own options
         from lmsviz.app import main as serve
 
-        return serve(argv[1:])
+        return serve(argv[lead + 1:] + (["--verbose"] if lead else []))
     args = build_parser().parse_args(argv)
+    args.notes = []  # choices made for the user, said once the command succeeded
+    quiet_tensorflow(args.verbose)
     try:
-        return _COMMANDS[args.command](args)
+        status = _COMMANDS[args.command](args)
     except LmsError as e:
         print(f"lms: error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -153,24 +327,61 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MemoryError:
         print("lms: error: out of memory", file=sys.stderr)
         return 1
+    for note in args.notes:  # after the output: an error stays the one line on stderr
+        print(f"lms: {note}", file=sys.stderr)
+    return status
 
 
-def _default_batch(path: str, given: int | None) -> int:
+def _feed_batches(graph: Any) -> list[int]:
+    """The leading dimension of each batched feed, in graph order (-1: unknown)."""
+    from .ir import FEED_OPS
+
+    dims = []
+    for op in graph.ops:
+        if op.type in FEED_OPS and op.outputs and op.outputs[0].dtype != "resource":
+            shape = op.outputs[0].shape
+            if shape is None or shape:  # scalars (a learning rate) have no batch
+                dims.append(-1 if shape is None else shape[0])
+    return dims
+
+
+def _batch_size(graph: Any, path: str, given: int | None, notes: list[str]) -> int:
+    """The batch size to use; a note in ``notes`` when it is not the one given or asked for.
+
+    A graph whose feeds all have a fixed batch keeps it; otherwise ``--batch-size``, else a
+    bundled sample's batch size, else 1.
+    """
+    dims = _feed_batches(graph)
+    if dims and -1 not in dims and dims[0] > 0:  # (a feed of 0 rows has no batch to keep)
+        if given is not None and given != dims[0]:
+            notes.append(f"--batch-size {given} ignored: the graph's batch dimension is fixed "
+                         f"at {dims[0]}")
+        return dims[0]
     if given is not None:
         return given
     name = os.path.basename(path)
     for s in samples.samples():
         if name in (s["name"], s["file"]):
             return int(s["batch_size"])
+    if -1 in dims:
+        notes.append("batch size not given; using 1 (the graph's batch dimension is unknown)")
     return 1
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, int]:
+    import zipfile
+
     from .load import load
 
     path = samples.find(args.file)
+    if args.function is not None and path.is_file() and not zipfile.is_zipfile(path):
+        raise ConfigError(f"--function applies to SavedModels (a directory or .zip) only; "
+                          f"{path} is a GraphDef")
     graph = load(path, function=args.function)
-    return graph, _default_batch(str(path), args.batch_size)
+    if args.command in _RUNS_TENSORFLOW:  # once the graph is known to be good
+        _start_tensorflow()
+    return graph, _batch_size(graph, str(path), args.batch_size, vars(args).setdefault(
+        "notes", []))
 
 
 def inspect_report(
@@ -265,7 +476,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if args.plan:
         return _validate_plan(args, graph, batch)
     args.steps = args.steps or 2
-    result = validate(graph, batch, steps=args.steps)
+    with _Progress("validating") as bar:
+        result = validate(graph, batch, steps=args.steps, progress=bar)
     report = result.as_dict()
     if args.json:
         print(json.dumps(report, indent=2))
@@ -320,7 +532,6 @@ def _cmd_rewrite(args: argparse.Namespace) -> int:
     from .evaluate import evaluate_plan
     from .export import write_graphdef
     from .plan import check_plan, load_plan, plan_from_params, save_plan
-    from .units import parse_bytes
 
     graph, batch = _load(args)
     source = samples.find(args.file).resolve()
@@ -351,7 +562,7 @@ def _cmd_rewrite(args: argparse.Namespace) -> int:
             graph, batch,
             **{k: (defaults[k] if v is None else v) for k, v in knobs.items()},
             serialize=_levels_arg(args.serialize),
-            serialize_min_bytes=parse_bytes(args.serialize_min) if args.serialize_min else None,
+            serialize_min_bytes=args.serialize_min,
             include_scopes=args.include_scope, exclude_scopes=args.exclude_scope,
             include_types=args.include_type, exclude_types=args.exclude_type,
         )
@@ -384,7 +595,8 @@ def _validate_plan(args: argparse.Namespace, graph: Any, batch: int) -> int:
 
     plan = load_plan(args.plan)
     check_plan(graph, plan)
-    v = validate_plan(graph, plan, batch, steps=args.steps or 3)
+    with _Progress("validating the plan") as bar:
+        v = validate_plan(graph, plan, batch, steps=args.steps or 3, progress=bar)
     if args.timeline and v.timeline is not None:
         _write_timeline(args.timeline, v.timeline, f"{pathlib.Path(graph.source).name}, "
                         f"batch {batch}, {v.swapped_tensors} swapped tensors")
@@ -441,26 +653,74 @@ def _write_timeline(path: str, t: Any, title: str) -> None:
 
 
 class _Progress:
-    """A progress bar on stderr when it is a terminal; silent otherwise."""
+    """A progress bar on stderr while it is a terminal; silent otherwise (pipes, logs, CI).
 
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.shown = False
+    Called as ``progress(fraction, message)``, the interface of :func:`lmscore.tune.tune`
+    and :func:`lmscore.validate.validate`; a fraction of None means "not known": the bar
+    pulses. The elapsed time and a spinner show that a long step is still running. Use it
+    as a context manager, or call :meth:`close`: the bar disappears, the output stays.
 
-    def __call__(self, fraction: float, message: str) -> None:
-        if not self.tty:
+    Parameters
+    ----------
+    title : str
+        What the command is doing ("tuning").
+    stream : file, optional
+        Where to draw (default ``sys.stderr``), if it is a terminal.
+    """
+
+    def __init__(self, title: str = "", stream: Any = None) -> None:
+        stream = sys.stderr if stream is None else stream
+        self._bar: Any = None
+        try:
+            tty = stream.isatty()
+        except (AttributeError, ValueError):  # a closed or odd stream
+            tty = False
+        if not tty:
             return
-        width = 30
-        done = int(width * min(max(fraction, 0.0), 1.0))
-        sys.stderr.write(f"\r  [{'#' * done}{'.' * (width - done)}] {fraction:4.0%} "
-                         f"{message[:50]:50s}")
-        sys.stderr.flush()
-        self.shown = True
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            Progress,
+            SpinnerColumn,
+            TaskProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self._bar = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+            TaskProgressColumn(), TimeElapsedColumn(), TextColumn("{task.fields[message]}"),
+            console=Console(file=stream), transient=True,
+            redirect_stdout=False,  # stdout may be a pipe (--json): never move it to stderr
+        )
+        self._task = self._bar.add_task(title, total=1.0, message="")
+        self._bar.start()
+
+    def __call__(self, fraction: float | None, message: str) -> None:
+        if self._bar is None:
+            return
+        if fraction is None:  # update() reads total=None as "unchanged"
+            next(t for t in self._bar.tasks if t.id == self._task).total = None
+            self._bar.update(self._task, message=message)
+        else:
+            self._bar.update(self._task, total=1.0, completed=min(max(fraction, 0.0), 1.0),
+                             message=message)
+
+    def span(self, start: float, stop: float, prefix: str = "") -> Callable[[float, str], None]:
+        """``progress(fraction, message)`` of one part of the work, drawn from start to stop."""
+        return lambda f, m: self(start + (stop - start) * f, prefix + m)
 
     def close(self) -> None:
-        if self.shown:
-            sys.stderr.write("\r" + " " * 100 + "\r")
-            sys.stderr.flush()
+        """Take the bar off the terminal."""
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def tune_report(result: Any) -> dict[str, Any]:
@@ -479,6 +739,8 @@ def tune_report(result: Any) -> dict[str, Any]:
         "swapped_tensors": result.swapped_tensors,
         "swap_bytes": result.swap_bytes,
         "recomputed_tensors": result.recomputed_tensors,
+        "host_limit_bytes": result.host_limit_bytes,
+        "limited_by": result.limited_by,
         "strategy": result.strategy,
         "knobs": result.knobs,
         "evaluations": result.evaluations,
@@ -492,36 +754,48 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from .plan import save_plan
     from .rewrite import rewrite
     from .tune import bound_batch, max_batch, tune
-    from .units import parse_bytes
 
-    budget = parse_bytes(args.budget)
+    budget = args.budget
     graph, batch = _load(args)
     source = samples.find(args.file).resolve()
     for dest in filter(None, (args.out, args.plan_out, args.plot)):
         if pathlib.Path(dest).resolve() == source:
             raise ConfigError(f"{dest}: refusing to overwrite the input graph")
     opts = {"device": args.device, "link": args.link, "safety": args.safety,
-            "workspace": args.workspace}
-    bar = _Progress()
+            "workspace": args.workspace, "host_memory": args.host_memory}
+    if args.profile:
+        from .profile import load_profile
+
+        opts["profile"] = load_profile(args.profile)
+    bar = _Progress("tuning")
     try:
-        result = tune(graph, batch, budget, strategy=args.strategy, progress=bar, **opts)
+        more = args.max_batch or args.compare_grappler
+        result = tune(graph, batch, budget, strategy=args.strategy,
+                      progress=bar.span(0.0, 0.8 if more else 1.0), **opts)
         report = tune_report(result)
         report["batch_size"] = batch
-        if args.max_batch:
-            bar(0.95, "largest batch sizes")
-            without, with_rw = max_batch(graph, budget, strategy=args.strategy, **opts)
+        if args.max_batch:  # how many batches it tries is not known: the bar pulses
+            without, with_rw = max_batch(graph, budget, strategy=args.strategy,
+                                         progress=lambda f, m: bar(None, f"largest batch: {m}"),
+                                         **opts)
+            bar(None, "the batch no plan can pass")
             report["max_batch_without"] = without
             report["max_batch_with"] = with_rw
             report["max_batch_bound"], report["max_batch_bound_op"] = bound_batch(
                 graph, budget, device=args.device, safety=args.safety,
                 workspace=args.workspace)
+            # what stops the next batch: the device, or the host memory the swaps need
+            report["max_batch_limited_by"] = "bound" if with_rw >= report[
+                "max_batch_bound"] else tune(graph, with_rw + 1, budget, strategy=args.strategy,
+                                             **opts).limited_by
         if args.compare_grappler:
-            report["comparison"] = _compare(graph, batch, budget, opts, result, bar)
+            report["comparison"] = _compare(graph, batch, budget, opts, result,
+                                            bar.span(0.8, 1.0))
     finally:
         bar.close()
     if args.plot:
         _plot(graph, batch, result, args.plot, args.workspace)
-    if args.out and not result.plan.changes_nothing():
+    if args.out:  # the step unchanged when nothing needs swapping: --out always has a graph
         from .export import write_graphdef
 
         write_graphdef(rewrite(graph, result.plan).graph, args.out)
@@ -544,14 +818,20 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         print(f"  largest batch: {report['max_batch_without']} without rewriting, "
               f"{report['max_batch_with']} with the tuned rewrite; no plan goes past "
               f"{report['max_batch_bound']} (op {report['max_batch_bound_op']!r} alone)")
+        if report["max_batch_limited_by"] == "host":
+            print(f"  host memory stops batch {report['max_batch_with'] + 1}: its plan fits "
+                  "the device but not the host memory limit (--host-memory)")
     if args.compare_grappler:
         rows = [[name, "yes" if r["fits"] else "no", format_bytes(r["predicted_peak_bytes"]),
                  format_bytes(r["swap_bytes"]), f"{r['predicted_overhead']:.1%}", r["note"]]
                 for name, r in report["comparison"].items()]
         print(_table(["strategy", "fits", "peak", "swapped", "overhead", "note"], rows))
+    unchanged = ("" if not result.plan.changes_nothing() else
+                 " (the step unchanged: it fits without swapping)" if result.fits else
+                 " (the step unchanged: no plan fits)")
     for label, path in (("plan", args.plan_out), ("graph", args.out), ("plot", args.plot)):
-        if path and (label != "graph" or not result.plan.changes_nothing()):
-            print(f"  wrote {label} {path}")
+        if path:
+            print(f"  wrote {label} {path}{unchanged if label == 'graph' else ''}")
     return 0 if result.fits else 1
 
 
@@ -560,10 +840,10 @@ def _compare(graph: Any, batch: int, budget: int, opts: dict, ours: Any, bar: An
     from .tune import tune
 
     out = {ours.strategy: {**tune_report(ours), "note": "time-model search"}}
-    bar(0.96, "TFLMS v2 search")
+    bar(0.0, "TFLMS v2 search")
     tflms = tune(graph, batch, budget, strategy="tflms", **opts)
     out["tflms"] = {**tune_report(tflms), "note": "greedy, memory only"}
-    bar(0.98, "Grappler swapping heuristic")
+    bar(0.5, "Grappler swapping heuristic")
     from .grappler import grappler_baseline
 
     g = grappler_baseline(graph, batch, budget, safety=opts["safety"])
@@ -612,6 +892,47 @@ def _plot(graph: Any, batch: int, result: Any, path: str, workspace: str) -> Non
     write_atomic(path, fig.to_html(include_plotlyjs=True, full_html=True))
 
 
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from .profile import DEFAULT_STEPS, profile, save_profile
+
+    graph, batch = _load(args)
+    out = pathlib.Path(args.out)
+    if out.resolve() == samples.find(args.file).resolve():
+        raise ConfigError(f"{args.out}: refusing to overwrite the input graph")
+    if out.is_dir():
+        raise ConfigError(f"{args.out}: is a directory")
+    bar = _Progress()
+    try:
+        prof = profile(graph, batch, device=args.device, steps=args.steps or DEFAULT_STEPS,
+                       progress=bar)
+    finally:
+        bar.close()
+    save_profile(prof, out)
+    modelled = prof.modelled_step_seconds
+    report = {
+        "device": prof.device, "batch_size": batch, "kernel_library": prof.kernel_library,
+        "tensorflow_version": prof.tensorflow_version, "ops": len(prof.op_seconds),
+        "step_seconds": prof.step_seconds, "modelled_step_seconds": modelled,
+        "ratio": modelled / prof.step_seconds, "dispatch_seconds": prof.dispatch_seconds,
+        "host_to_device_bandwidth": prof.host_to_device_bandwidth,
+        "device_to_host_bandwidth": prof.device_to_host_bandwidth, "out": str(out),
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"{graph.source}  (batch size {batch}, {prof.steps} traced and {prof.steps} "
+          f"untraced steps)")
+    print(f"  device           {prof.device} ({prof.kernel_library or 'unknown'} kernels, "
+          f"TensorFlow {prof.tensorflow_version}), {len(prof.op_seconds)} ops timed")
+    print(f"  step, measured   {prof.step_seconds * 1e3:.2f} ms (median, one op at a time)")
+    print(f"  step, modelled   {modelled * 1e3:.2f} ms (the ops' times in sequence), ratio "
+          f"{report['ratio']:.3f}")
+    print(f"  copies           to the device {prof.host_to_device_bandwidth / 1e9:.2f} GB/s, "
+          f"to the host {prof.device_to_host_bandwidth / 1e9:.2f} GB/s")
+    print(f"  wrote {out}")
+    return 0
+
+
 def _cmd_samples(args: argparse.Namespace) -> int:
     rows = [[s["name"], s["file"], s.get("batch_size", ""), s.get("description", "")]
             for s in samples.samples()]
@@ -636,7 +957,7 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
 _COMMANDS = {
     "inspect": _cmd_inspect, "validate": _cmd_validate, "rewrite": _cmd_rewrite,
-    "tune": _cmd_tune, "samples": _cmd_samples,
+    "tune": _cmd_tune, "profile": _cmd_profile, "samples": _cmd_samples,
 }
 
 if __name__ == "__main__":  # pragma: no cover

@@ -20,12 +20,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, RunError
 from .ir import Graph
 from .memory import cpu_kernel_library, simulate
 from .timeline import Timeline, compare
+
+if TYPE_CHECKING:
+    from .tune import Progress
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,8 @@ class Validation:
         return d
 
 
-def validate(graph: Graph, batch_size: int, *, steps: int = 2, seed: int = 0) -> Validation:
+def validate(graph: Graph, batch_size: int, *, steps: int = 2, seed: int = 0,
+             progress: Progress | None = None) -> Validation:
     """Run ``graph`` under TensorFlow and compare its measured peak with the simulation.
 
     Parameters
@@ -86,6 +90,8 @@ def validate(graph: Graph, batch_size: int, *, steps: int = 2, seed: int = 0) ->
         Steps to run; the last one is traced (the first warms up constants).
     seed : int
         Seed of the synthetic inputs and variable values.
+    progress : callable, optional
+        ``progress(fraction, message)`` as the run goes (as :func:`lmscore.tune.tune`).
 
     Returns
     -------
@@ -98,9 +104,13 @@ def validate(graph: Graph, batch_size: int, *, steps: int = 2, seed: int = 0) ->
     """
     if graph.graphdef is None:
         raise RunError(f"{graph.source}: no GraphDef to run (build the graph with lmscore.load)")
+    report = progress or (lambda f, m: None)
+    report(0.0, "starting TensorFlow")
     from .measure import measure
 
+    report(0.3, f"running {max(steps, 2)} steps on the CPU")
     m = measure(graph.graphdef, batch_size, steps=max(steps, 2), seed=seed)
+    report(0.9, "simulating")
     library = m.kernel_library or cpu_kernel_library()
     sim = simulate(graph, batch_size, workspace=library)
     device = "CPU:0"
@@ -288,7 +298,7 @@ def max_abs_diff(a: Any, b: Any) -> float:
 
 def validate_plan(
     graph: Graph, plan: Any, batch_size: int, *, steps: int = 3, seed: int = 0, runs: int = 3,
-    grappler: bool = True,
+    grappler: bool = True, progress: Progress | None = None,
 ) -> PlanValidation:
     """Run the original and the rewritten step on the emulated accelerator and compare.
 
@@ -313,11 +323,15 @@ def validate_plan(
         :func:`lmscore.swap` does, and compare those numerics
         (:attr:`PlanValidation.max_abs_diff_grappler`); the Grappler-off runs measure
         memory, since the simulator models the graph as given.
+    progress : callable, optional
+        ``progress(fraction, message)`` before each run (as :func:`lmscore.tune.tune`).
 
     Returns
     -------
     PlanValidation
     """
+    report = progress or (lambda f, m: None)
+    report(0.0, "starting TensorFlow")
     from .evaluate import PlanEvaluation, evaluate_plan
     from .export import to_graphdef
     from .measure import measure
@@ -343,15 +357,17 @@ def validate_plan(
 
     ev = evaluate(cpu_kernel_library())
     rw = ev.rewrite
+    total = 1 + runs + (2 if grappler else 0)  # measured runs, each about as long
+    report(0.05, "running the original step")
     m0 = measure(original_data, batch_size, steps=steps, seed=seed, devices=2,
                  inter_op_threads=EMULATION_THREADS)
     exported = to_graphdef(rw.graph, mode="emulate")
     dev = "CPU:0"
-    rewritten = [
-        measure(exported, batch_size, steps=steps, seed=seed, devices=2,
-                inter_op_threads=EMULATION_THREADS)
-        for _ in range(runs)
-    ]
+    rewritten = []
+    for k in range(runs):
+        report((1 + k) / total, f"running the rewritten step ({k + 1} of {runs})")
+        rewritten.append(measure(exported, batch_size, steps=steps, seed=seed, devices=2,
+                                 inter_op_threads=EMULATION_THREADS))
     peaks = [int(m.peak_bytes.get(dev, 0) + m.persistent_bytes.get(dev, 0)) for m in rewritten]
     m1 = rewritten[peaks.index(max(peaks))]
     library = m0.kernel_library or cpu_kernel_library()  # the CPU kernels that ran
@@ -366,6 +382,7 @@ def validate_plan(
     host = int(m1.peak_bytes.get("CPU:1", 0))
     diff_grappler, losses_grappler = float("nan"), None
     if grappler:
+        report((1 + runs) / total, "both steps again under default Grappler")
         g0, g1 = (
             measure(data, batch_size, steps=steps, seed=seed, devices=2,
                     inter_op_threads=EMULATION_THREADS, grappler=True)

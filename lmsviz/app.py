@@ -144,17 +144,21 @@ def run(host: str = "127.0.0.1", port: int = 8050, debug: bool = False, **kwargs
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m lmsviz``: parse the command line and serve."""
+    from lmscore.cli import allow_negative_values, quiet_tensorflow
     from lmscore.errors import LmsError
-    from lmscore.units import parse_bytes
+    from lmscore.units import SIZE_SYNTAX, parse_bytes
 
-    p = argparse.ArgumentParser(prog="lms serve", description="the lms web app")
+    p = allow_negative_values(argparse.ArgumentParser(prog="lms serve",
+                                                      description="the lms web app"))
     p.add_argument("file", nargs="?", default=None,
                    help="GraphDef, SavedModel or sample name (default: resnet50)")
-    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None, metavar="N",
+                   help="batch size of the first graph (default: the sample's, else 1)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (127.0.0.1)")
-    p.add_argument("--port", type=int, default=8050)
+    p.add_argument("--port", type=int, default=8050, help="port to serve on (8050)")
     p.add_argument("--debug", action="store_true", help="Dash debug mode")
-    p.add_argument("--upload-cap", default="512MiB", help="largest upload (512MiB)")
+    p.add_argument("--upload-cap", default="512MiB", metavar="SIZE",
+                   help=f"largest graph or plan uploaded: {SIZE_SYNTAX} (512MiB)")
     p.add_argument("--data-dir", default=None, help="plans and uploads (~/.local/share/lms)")
     p.add_argument("--max-jobs", type=int, default=state.DEFAULT_MAX_JOBS,
                    help=f"heavy computations at once ({state.DEFAULT_MAX_JOBS})")
@@ -162,14 +166,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help=f"seconds a request waits for a free slot ({state.DEFAULT_JOB_WAIT:g})")
     p.add_argument("--max-ops", type=int, default=state.DEFAULT_SERVER_MAX_OPS,
                    help=f"largest graph loaded, in ops ({state.DEFAULT_SERVER_MAX_OPS:,})")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="show TensorFlow's log lines and warnings (hidden otherwise)")
     args = p.parse_args(argv)
+    quiet_tensorflow(args.verbose)
     if not 0 < args.port < 65536:
         p.error(f"argument --port: must be 1 to 65535, got {args.port}")
     logging.basicConfig(level=logging.INFO,
                         format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
     try:
         run(host=args.host, port=args.port, debug=args.debug, initial_graph=args.file,
-            batch_size=args.batch_size, upload_cap_bytes=parse_bytes(args.upload_cap),
+            batch_size=args.batch_size,
+            upload_cap_bytes=parse_bytes(args.upload_cap, "--upload-cap"),
             data_dir=args.data_dir, max_jobs=args.max_jobs, job_wait=args.job_wait,
             max_ops=args.max_ops)
     except LmsError as e:
