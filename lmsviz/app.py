@@ -19,7 +19,7 @@ import dash
 import flask
 from werkzeug.exceptions import BadRequest, HTTPException
 
-from . import callbacks, layout, state
+from . import callbacks, layout, rendering, state
 
 DEFAULT_UPLOAD_CAP = 512 * 2**20
 
@@ -99,8 +99,8 @@ def create_app(
 
     def page() -> Any:
         session = state.new_session(ctx)
-        return layout.build(ctx, session, callbacks.render(ctx, session),
-                            callbacks.picker(session["graph"]))
+        return layout.build(ctx, session, rendering.render(ctx, session),
+                            rendering.picker(session["graph"]))
 
     app.layout = page
     callbacks.register(app, ctx)

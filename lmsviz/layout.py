@@ -196,7 +196,7 @@ def build(app: AppContext, session: dict[str, Any], rendered: Any,
         Server state (upload cap).
     session : dict
         Initial data of the session stores (:func:`lmsviz.state.new_session`).
-    rendered : lmsviz.callbacks.Rendered
+    rendered : lmsviz.rendering.Rendered
         The initial session rendered (figure, table, summary).
     picker : (list, str)
         Options and value of the graph picker.

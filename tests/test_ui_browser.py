@@ -290,11 +290,11 @@ def test_an_invalid_edit_is_refused_visibly(browser: Any) -> None:
 
 
 def test_auto_tune(browser: Any) -> None:
-    from lmsviz import callbacks
+    from lmsviz import tuning
 
     browser.find_element(By.ID, "tune-run").click()
     t = message_with(browser, "auto-tune", timeout=90)
-    if callbacks.tuner_module() is None:
+    if tuning.tuner_module() is None:
         assert "tuner unavailable" in t
         return
     wait(browser, lambda: "(tuner)" in text(browser, "sum-overhead"), msg="tuner prediction")

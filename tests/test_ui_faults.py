@@ -29,7 +29,7 @@ from dash_client import FlaskTransport, HttpTransport, Server, Session
 import lmscore
 from lmscore import samples
 from lmscore.plan import check_plan, plan_from_json, plan_from_params
-from lmsviz import callbacks, state
+from lmsviz import edits, rendering, state
 from lmsviz.app import create_app
 
 LSTM = samples.sample_dir() / "lstm.pb"
@@ -58,7 +58,7 @@ def test_a_failing_callback_answers_one_line_and_the_app_goes_on(
     def boom(*_a: Any, **_k: Any) -> Any:
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr(callbacks, "apply_knobs", boom)
+    monkeypatch.setattr(edits, "apply_knobs", boom)
     with caplog.at_level(logging.ERROR, logger="lmsviz"):
         status, response = client.act("knobs-apply", "n_clicks", 1)
     assert status == 200
@@ -67,7 +67,7 @@ def test_a_failing_callback_answers_one_line_and_the_app_goes_on(
     assert "st-plan" not in response  # the session's stores are untouched
     assert any(r.exc_info and "boom" in str(r.exc_info[1]) for r in caplog.records)
 
-    monkeypatch.setattr(callbacks, "render", boom)
+    monkeypatch.setattr(rendering, "render", boom)
     status, _ = client.act("batch", "value", 8)
     assert status == 200 and client.message().startswith("internal error in drawing: ")
     assert client.store("st-settings")["batch"] == 8  # the control callback still ran
@@ -177,9 +177,9 @@ def test_a_busy_server_refuses_heavy_work_with_a_clear_message(tmp_path: pathlib
         done: dict[str, Any] = {}
 
         def other_request() -> None:
-            done["upload"] = callbacks.upload_graph(
+            done["upload"] = edits.upload_graph(
                 ctx, gate("lstm.pb", LSTM.read_bytes()), session["settings"])
-            done["knobs"] = callbacks.apply_knobs(
+            done["knobs"] = edits.apply_knobs(
                 ctx, session["graph"], {**session["settings"], "batch": 3},
                 dict(state.DEFAULT_KNOBS))
 
@@ -190,7 +190,7 @@ def test_a_busy_server_refuses_heavy_work_with_a_clear_message(tmp_path: pathlib
         up = done[what]
         assert up.error and "the server is busy (1 heavy jobs running)" in up.message, up.message
     # once the slot is free the same requests go through
-    assert not callbacks.upload_graph(ctx, gate("lstm.pb", LSTM.read_bytes()),
+    assert not edits.upload_graph(ctx, gate("lstm.pb", LSTM.read_bytes()),
                                       session["settings"]).error
 
 
@@ -303,7 +303,7 @@ def test_the_server_killed_while_editing_comes_back_with_the_edits(tmp_path: pat
         tab.act("batch", "value", 8)
         tab.act("knobs-apply", "n_clicks", 1)
         rows = tab.props["hotspots"]["data"]
-        free = next(r["id"] for r in rows if r["swap"] == callbacks.SWAP_OFF)
+        free = next(r["id"] for r in rows if r["swap"] == rendering.SWAP_OFF)
         status, _ = _toggle(tab, free)
         assert status == 200 and tab.message().startswith(f"{free} swapped")
         plan = plan_from_json(tab.store("st-plan")["json"])
@@ -352,7 +352,7 @@ def run_session(url: str, k: int, results: dict[int, Any]) -> None:
         statuses.append(s.act("knobs-apply", "n_clicks", 1)[0])
         knob_plan = s.store("st-plan")["json"]
         rows = s.props["hotspots"]["data"]
-        free = [r["id"] for r in rows if r["swap"] == callbacks.SWAP_OFF]
+        free = [r["id"] for r in rows if r["swap"] == rendering.SWAP_OFF]
         toggle_message = ""
         if free:
             statuses.append(_toggle(s, free[0])[0])
@@ -425,7 +425,7 @@ def test_the_hostile_corpus_uploaded_gets_one_line_answers(tmp_path: pathlib.Pat
             name = f"case{suffix if suffix in state.GRAPH_SUFFIXES else '.pb'}"
             signal.alarm(20)
             try:
-                up = callbacks.upload_graph(ctx, gate(name, (root / case.path).read_bytes()),
+                up = edits.upload_graph(ctx, gate(name, (root / case.path).read_bytes()),
                                             settings)
             except TimeoutError:
                 problems.append(f"{case.name}: over 20 s")

@@ -18,8 +18,7 @@ from lmscore import samples
 from lmscore.errors import GraphError
 from lmscore.plan import fingerprint, plan_from_json
 from lmsviz import app as lms_app
-from lmsviz import callbacks as cb
-from lmsviz import figures, state
+from lmsviz import callbacks, edits, figures, files, rendering, results, state, tuning
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MIB = 2**20
@@ -49,12 +48,12 @@ def gate(name: str, data: bytes) -> dict:
 def swappable_tensor(c: state.AppContext, s: dict, min_mib: float = 0) -> str:
     """A hotspot row that a hand toggle can swap (searching a few levels)."""
     loaded = c.resolve(s["graph"])
-    base = cb.base_of(c, loaded, s["settings"]["batch"])
-    plan = cb.plan_of(c, loaded, None)
+    base = results.base_of(c, loaded, s["settings"]["batch"])
+    plan = results.plan_of(c, loaded, None)
     for level in range(len(base.sim.device_curve)):
-        for row in cb.hotspot_rows(base, plan, level):
-            if row["swap"] == cb.SWAP_OFF and row["mib"] >= min_mib:
-                up = cb.toggle_swap(c, s["graph"], s["settings"], s["plan"], s["view"],
+        for row in rendering.hotspot_rows(base, plan, level):
+            if row["swap"] == rendering.SWAP_OFF and row["mib"] >= min_mib:
+                up = edits.toggle_swap(c, s["graph"], s["settings"], s["plan"], s["view"],
                                     row["tensor"])
                 if not up.error:
                     return row["tensor"]
@@ -210,13 +209,13 @@ def test_new_context_refuses_a_missing_file(tmp_path):
     ("model.zip", b"PK\x03\x04broken", "unreadable zip"),
 ])
 def test_bad_uploads_are_refused_with_a_clear_message(ctx, name, data, why):
-    up = cb.upload_graph(ctx, gate(name, data), session(ctx)["settings"])
+    up = edits.upload_graph(ctx, gate(name, data), session(ctx)["settings"])
     assert up.error and why in up.message and up.graph is None
     assert name in up.message
 
 
 def test_an_upload_refused_by_the_browser_gate_never_reaches_the_parser(ctx):
-    up = cb.upload_graph(ctx, {"filename": "huge.pb", "size": 9 * MIB, "refused": True},
+    up = edits.upload_graph(ctx, {"filename": "huge.pb", "size": 9 * MIB, "refused": True},
                          session(ctx)["settings"])
     assert up.error and "over the upload limit of 8.00 MiB" in up.message
 
@@ -226,7 +225,7 @@ def test_a_zip_bomb_is_refused_before_unpacking(tmp_path):
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("m/saved_model.pb", b"\0" * (2 * MIB))
-    up = cb.upload_graph(c, gate("m.zip", buf.getvalue()), session(c)["settings"])
+    up = edits.upload_graph(c, gate("m.zip", buf.getvalue()), session(c)["settings"])
     assert up.error and "unpacks to" in up.message
 
 
@@ -234,14 +233,14 @@ def test_an_uploaded_graph_is_kept_and_found_again_after_a_restart(tmp_path):
     c = state.new_context("mlp", None, upload_cap_bytes=8 * MIB, data_dir=tmp_path)
     data = (samples.sample_dir() / "lstm.pb").read_bytes()
     s = session(c)
-    up = cb.upload_graph(c, gate("my_step.pb", data), s["settings"])
+    up = edits.upload_graph(c, gate("my_step.pb", data), s["settings"])
     assert not up.error and up.graph["origin"] == "upload" and up.graph["name"] == "my_step.pb"
     assert up.settings["batch"] == 32  # an upload keeps the session's batch size
     assert list((tmp_path / "uploads").iterdir())
     restarted = state.new_context("mlp", None, upload_cap_bytes=8 * MIB, data_dir=tmp_path)
     loaded = restarted.resolve(up.graph)
     assert len(loaded.graph.ops) == 395
-    options, value = cb.picker(up.graph)
+    options, value = rendering.picker(up.graph)
     assert value.startswith("upload:") and options[0]["label"].startswith("my_step.pb")
 
 
@@ -251,7 +250,7 @@ def test_a_text_graphdef_upload_is_read(ctx):
 
     gd = graph_pb2.GraphDef()
     gd.ParseFromString((samples.sample_dir() / "mlp.pb").read_bytes())
-    up = cb.upload_graph(ctx, gate("step.pbtxt", text_format.MessageToString(gd).encode()),
+    up = edits.upload_graph(ctx, gate("step.pbtxt", text_format.MessageToString(gd).encode()),
                          session(ctx)["settings"])
     assert not up.error and up.graph["ops"] == 307
 
@@ -271,19 +270,19 @@ def test_a_forged_graph_reference_is_not_read_from_disk(ctx):
 
 def test_choose_a_sample_takes_its_batch_size(ctx):
     s = session(ctx)
-    up = cb.choose_graph(ctx, "sample:lstm", s["graph"], s["settings"])
+    up = edits.choose_graph(ctx, "sample:lstm", s["graph"], s["settings"])
     assert up.graph["name"] == "lstm.pb" and up.settings["batch"] == 16 and up.controls
     assert up.view == state.empty_view() and "395 ops" in up.message
 
 
 def test_batch_and_budget_are_validated(ctx):
     settings = session(ctx)["settings"]
-    assert cb.set_batch(settings, 64).settings["batch"] == 64
+    assert edits.set_batch(settings, 64).settings["batch"] == 64
     for bad in (0, -3, "x", 2.5, None):
-        up = cb.set_batch(settings, bad)
+        up = edits.set_batch(settings, bad)
         assert up.error and up.settings is None and up.controls
-    assert cb.set_budget(settings, "8GiB").settings["budget"] == "8GiB"
-    up = cb.set_budget(settings, "lots")
+    assert edits.set_budget(settings, "8GiB").settings["budget"] == "8GiB"
+    up = edits.set_budget(settings, "lots")
     assert up.error and "not a size" in up.message
 
 
@@ -291,20 +290,20 @@ def test_a_device_preset_brings_its_memory_as_the_budget(ctx):
     settings = session(ctx)["settings"]
     devices, links = state.presets()
     other = next(d for d in devices if d != settings["device"])
-    up = cb.set_presets(settings, other, settings["link"])
+    up = edits.set_presets(settings, other, settings["link"])
     assert up.settings["device"] == other
     memory = getattr(devices[other], "memory_bytes", None)
     if memory:
         from lmscore.units import parse_bytes
 
         assert parse_bytes(up.settings["budget"]) == memory
-    assert cb.set_presets(settings, "no-such-device", settings["link"]).settings is None
+    assert edits.set_presets(settings, "no-such-device", settings["link"]).settings is None
 
 
 def test_apply_knobs_makes_a_plan_and_saves_it(fresh):
     s = session(fresh)
     knobs = {"threshold": 5, "ahead": 1, "groupby": 5, "sync_mode": 0}
-    up = cb.apply_knobs(fresh, s["graph"], s["settings"], knobs)
+    up = edits.apply_knobs(fresh, s["graph"], s["settings"], knobs)
     assert not up.error and up.plan["source"] == "knobs" and up.plan["swaps"] > 0
     plan = plan_from_json(up.plan["json"])
     assert plan.params["threshold"] == 5
@@ -313,56 +312,56 @@ def test_apply_knobs_makes_a_plan_and_saves_it(fresh):
     # a restarted server gives a new tab the saved plan
     restarted = state.new_context("mlp", None, upload_cap_bytes=MIB, data_dir=fresh.data_dir)
     assert session(restarted)["plan"]["json"] == up.plan["json"]
-    bad = cb.apply_knobs(fresh, s["graph"], s["settings"], {**knobs, "threshold": 0})
+    bad = edits.apply_knobs(fresh, s["graph"], s["settings"], {**knobs, "threshold": 0})
     assert bad.error and "threshold" in bad.message and bad.plan is None
-    assert cb.apply_knobs(fresh, s["graph"], s["settings"], {**knobs, "ahead": "x"}).error
+    assert edits.apply_knobs(fresh, s["graph"], s["settings"], {**knobs, "ahead": "x"}).error
 
 
 def test_toggle_adds_then_removes_a_swap_and_refuses_what_cannot_be_swapped(fresh):
     c = state.new_context("lstm", None, upload_cap_bytes=MIB, data_dir=fresh.data_dir)
     s = session(c)
     tensor = swappable_tensor(c, s)
-    up = cb.toggle_swap(c, s["graph"], s["settings"], s["plan"], s["view"], tensor)
+    up = edits.toggle_swap(c, s["graph"], s["settings"], s["plan"], s["view"], tensor)
     assert not up.error and tensor in plan_from_json(up.plan["json"]).swapped()
     assert up.view["tensor"] == tensor
-    r = cb.render(c, {**s, "plan": up.plan}, full=True)
+    r = rendering.render(c, {**s, "plan": up.plan}, full=True)
     assert r.figure.data[figures.T_AFTER].y is not None and len(r.figure.data[figures.T_AFTER].y)
-    down = cb.toggle_swap(c, s["graph"], s["settings"], up.plan, s["view"], tensor)
+    down = edits.toggle_swap(c, s["graph"], s["settings"], up.plan, s["view"], tensor)
     assert not down.error and plan_from_json(down.plan["json"]).swaps == ()
     loaded = c.resolve(s["graph"])
-    base = cb.base_of(c, loaded, s["settings"]["batch"])
-    rows = cb.hotspot_rows(base, cb.plan_of(c, loaded, None), base.sim.peak_level)
-    stuck = next(r for r in rows if r["swap"] == cb.SWAP_NO)
-    no = cb.toggle_swap(c, s["graph"], s["settings"], s["plan"], s["view"], stuck["tensor"])
+    base = results.base_of(c, loaded, s["settings"]["batch"])
+    rows = rendering.hotspot_rows(base, results.plan_of(c, loaded, None), base.sim.peak_level)
+    stuck = next(r for r in rows if r["swap"] == rendering.SWAP_NO)
+    no = edits.toggle_swap(c, s["graph"], s["settings"], s["plan"], s["view"], stuck["tensor"])
     assert no.error and "cannot be swapped" in no.message and no.plan is None
 
 
 def test_trigger_and_regroup_edits(fresh):
     s = session(fresh)
-    up = cb.apply_knobs(fresh, s["graph"], s["settings"],
+    up = edits.apply_knobs(fresh, s["graph"], s["settings"],
                         {"threshold": 2, "ahead": 1, "groupby": 0, "sync_mode": 0})
     plan = plan_from_json(up.plan["json"])
     swap = max(plan.swaps, key=lambda w: sum(len(g.consumers) for g in w.swap_ins))
-    sync = cb.set_trigger(fresh, s["graph"], up.plan, swap.tensor, 0, None)
+    sync = edits.set_trigger(fresh, s["graph"], up.plan, swap.tensor, 0, None)
     assert not sync.error and "synchronous" in sync.message
     moved = plan_from_json(sync.plan["json"]).swaps[plan.swaps.index(swap)]
     assert moved.swap_ins[0].trigger is None
-    one = cb.regroup_swap(fresh, s["graph"], up.plan, swap.tensor, None)
+    one = edits.regroup_swap(fresh, s["graph"], up.plan, swap.tensor, None)
     assert not one.error and "1 swap-in group" in one.message
     loaded = fresh.resolve(s["graph"])
     producer = loaded.graph.index[swap.tensor.split(":")[0]]
-    bad = cb.set_trigger(fresh, s["graph"], up.plan, swap.tensor, 0, producer)
+    bad = edits.set_trigger(fresh, s["graph"], up.plan, swap.tensor, 0, producer)
     assert bad.error and "edit refused" in bad.message and bad.plan is None
-    assert cb.set_trigger(fresh, s["graph"], up.plan, None, 0, None).error
-    assert cb.regroup_swap(fresh, s["graph"], up.plan, swap.tensor, -1).error
-    assert cb.regroup_swap(fresh, s["graph"], up.plan, "nope:0", 3).error
+    assert edits.set_trigger(fresh, s["graph"], up.plan, None, 0, None).error
+    assert edits.regroup_swap(fresh, s["graph"], up.plan, swap.tensor, -1).error
+    assert edits.regroup_swap(fresh, s["graph"], up.plan, "nope:0", 3).error
 
 
 def test_plan_file_load_is_checked_and_reset_empties_the_plan(fresh):
     s = session(fresh)
-    up = cb.apply_knobs(fresh, s["graph"], s["settings"],
+    up = edits.apply_knobs(fresh, s["graph"], s["settings"],
                         {"threshold": 5, "ahead": 1, "groupby": 5, "sync_mode": 0})
-    good = cb.load_plan_file(fresh, s["graph"], gate("p.json", up.plan["json"].encode()))
+    good = edits.load_plan_file(fresh, s["graph"], gate("p.json", up.plan["json"].encode()))
     assert not good.error and good.plan["source"] == "file"
     for name, data, why in (
         ("p.json", b"{not json", "not JSON"),
@@ -370,24 +369,25 @@ def test_plan_file_load_is_checked_and_reset_empties_the_plan(fresh):
         ("p.json", json.dumps({"version": 1, "graph": "0" * 16, "swaps": []}).encode(),
          "another graph"),
     ):
-        bad = cb.load_plan_file(fresh, s["graph"], gate(name, data))
+        bad = edits.load_plan_file(fresh, s["graph"], gate(name, data))
         assert bad.error and why in bad.message and bad.plan is None
-    reset = cb.reset_plan(fresh, s["graph"])
+    reset = edits.reset_plan(fresh, s["graph"])
     assert plan_from_json(reset.plan["json"]).swaps == () and reset.plan["source"] == "none"
 
 
 def test_select_and_click(ctx):
     s = session(ctx)
     view = s["view"]
-    assert cb.select_level(view, 7.4, 38).view["level"] == 7
-    assert cb.select_level(view, 999, 38).view["level"] == 37
-    assert cb.select_tensor(view, "a:0").view["tensor"] == "a:0"
+    assert edits.select_level(view, 7.4, 38).view["level"] == 7
+    assert edits.select_level(view, 999, 38).view["level"] == 37
+    assert edits.select_tensor(view, "a:0").view["tensor"] == "a:0"
     click = {"points": [{"curveNumber": 2, "x": 5, "customdata": 12}]}
-    assert cb.click_figure(view, click, s["graph"]).view == {"level": 5, "tensor": None, "op": 12}
+    assert edits.click_figure(view, click, s["graph"]).view == {
+        "level": 5, "tensor": None, "op": 12}
     click = {"points": [{"curveNumber": figures.T_SWAP_OPS, "x": 3, "customdata": "t:0"}]}
-    assert cb.click_figure(view, click, s["graph"]).view["tensor"] == "t:0"
+    assert edits.click_figure(view, click, s["graph"]).view["tensor"] == "t:0"
     click = {"points": [{"curveNumber": figures.T_BEFORE, "x": 9}]}
-    assert cb.click_figure(view, click, s["graph"]).view == {"level": 9, "tensor": None,
+    assert edits.click_figure(view, click, s["graph"]).view == {"level": 9, "tensor": None,
                                                              "op": None}
 
 
@@ -421,19 +421,19 @@ def test_run_tune_reports_progress_and_its_plan_is_accepted(fresh):
     s = session(fresh)
     seen: list = []
     tuner = FakeTuner(fresh)
-    result = cb.run_tune(fresh, s["graph"], s["settings"], lambda f, m: seen.append((f, m)),
+    result = tuning.run_tune(fresh, s["graph"], s["settings"], lambda f, m: seen.append((f, m)),
                          tuner=tuner)
     assert tuner.calls[0][0] == 32 and tuner.calls[0][1] == 16 * 2**30
     assert seen and seen[-1][0] == 1.0
-    up = cb.accept_tune(fresh, s["graph"], s["settings"], result)
+    up = edits.accept_tune(fresh, s["graph"], s["settings"], result)
     assert not up.error and up.plan["source"] == "tuner" and "fits" in up.message
-    r = cb.render(fresh, {**s, "plan": up.plan})
+    r = rendering.render(fresh, {**s, "plan": up.plan})
     text = " ".join(str(item.children[1].children) for item in r.summary)
     assert "12.5% of step time (tuner)" in text
     # an edit after tuning makes the prediction stale
     tensor = plan_from_json(up.plan["json"]).swaps[0].tensor
-    edited = cb.toggle_swap(fresh, s["graph"], s["settings"], up.plan, s["view"], tensor)
-    r = cb.render(fresh, {**s, "plan": {**edited.plan, "tune": up.plan["tune"],
+    edited = edits.toggle_swap(fresh, s["graph"], s["settings"], up.plan, s["view"], tensor)
+    r = rendering.render(fresh, {**s, "plan": {**edited.plan, "tune": up.plan["tune"],
                                         "source": "tuner"}})
     text = " ".join(str(item.children[1].children) for item in r.summary)
     assert "edited since auto-tune" in text
@@ -441,29 +441,29 @@ def test_run_tune_reports_progress_and_its_plan_is_accepted(fresh):
 
 def test_tune_results_for_another_graph_or_errors_are_refused(ctx):
     s = session(ctx)
-    assert cb.accept_tune(ctx, s["graph"], s["settings"], {"error": "boom"}).error
+    assert edits.accept_tune(ctx, s["graph"], s["settings"], {"error": "boom"}).error
     stale = {"key": "other", "batch": 32, "plan": "{}"}
-    assert "another graph" in cb.accept_tune(ctx, s["graph"], s["settings"], stale).message
-    assert cb.accept_tune(ctx, s["graph"], s["settings"], None).plan is None
+    assert "another graph" in edits.accept_tune(ctx, s["graph"], s["settings"], stale).message
+    assert edits.accept_tune(ctx, s["graph"], s["settings"], None).plan is None
 
 
 def test_run_tune_without_a_tuner_or_budget(ctx, monkeypatch):
     s = session(ctx)
-    monkeypatch.setattr(cb, "tuner_module", lambda: None)
-    assert "tuner unavailable" in cb.run_tune(ctx, s["graph"], s["settings"], print)["error"]
+    monkeypatch.setattr(tuning, "tuner_module", lambda: None)
+    assert "tuner unavailable" in tuning.run_tune(ctx, s["graph"], s["settings"], print)["error"]
     bad = {**s["settings"], "budget": "much"}
-    out = cb.run_tune(ctx, s["graph"], bad, print, tuner=FakeTuner(ctx))
+    out = tuning.run_tune(ctx, s["graph"], bad, print, tuner=FakeTuner(ctx))
     assert "not a size" in out["error"]
 
 
 def test_the_real_tuner_runs_on_mlp(ctx):
-    if cb.tuner_module() is None:
+    if tuning.tuner_module() is None:
         pytest.skip("lmscore.tune is not installed")
     s = session(ctx)
     seen: list = []
-    result = cb.run_tune(ctx, s["graph"], s["settings"], lambda f, m: seen.append(f))
+    result = tuning.run_tune(ctx, s["graph"], s["settings"], lambda f, m: seen.append(f))
     assert "error" not in result, result
-    assert cb.accept_tune(ctx, s["graph"], s["settings"], result).plan["source"] == "tuner"
+    assert edits.accept_tune(ctx, s["graph"], s["settings"], result).plan["source"] == "tuner"
 
 
 # --- rendering --------------------------------------------------------------------------
@@ -471,19 +471,19 @@ def test_the_real_tuner_runs_on_mlp(ctx):
 
 def test_render_full_then_patch(fresh):
     s = session(fresh)
-    r = cb.render(fresh, s, full=True)
+    r = rendering.render(fresh, s, full=True)
     assert len(r.figure.data) == figures.N_TRACES and r.note == ""
     assert r.rendered["batch"] == 32 and r.rows and r.caption.startswith("Tensors live at")
     assert r.rows == sorted(r.rows, key=lambda row: -row["mib"])
-    up = cb.apply_knobs(fresh, s["graph"], s["settings"],
+    up = edits.apply_knobs(fresh, s["graph"], s["settings"],
                         {"threshold": 5, "ahead": 1, "groupby": 5, "sync_mode": 0})
-    p = cb.render(fresh, {**s, "plan": up.plan, "view": {"level": 3, "tensor": None,
+    p = rendering.render(fresh, {**s, "plan": up.plan, "view": {"level": 3, "tensor": None,
                                                          "op": None}}, full=False)
     ops = p.figure.to_plotly_json()["operations"]
     touched = {tuple(o["location"][:2]) for o in ops}
     assert ("data", figures.T_AFTER) in touched and ("data", 0) not in touched
     assert "level 3 (selected level)" in p.caption
-    view_only = cb.render(fresh, {**s, "plan": up.plan, "view": {"level": 4, "tensor": None,
+    view_only = rendering.render(fresh, {**s, "plan": up.plan, "view": {"level": 4, "tensor": None,
                                                                  "op": None}},
                           full=False, data=False)
     ops = view_only.figure.to_plotly_json()["operations"]
@@ -494,26 +494,26 @@ def test_render_ignores_a_plan_for_another_graph(ctx):
     s = session(ctx)
     other = {"json": json.dumps({"version": 1, "graph": "f" * 16, "swaps": []}),
              "source": "file"}
-    r = cb.render(ctx, {**s, "plan": other})
+    r = rendering.render(ctx, {**s, "plan": other})
     assert r.message and "does not fit this graph" in r.message
 
 
 def test_large_graphs_are_aggregated_on_screen(tmp_path):
     c = state.new_context("bert", None, upload_cap_bytes=MIB, data_dir=tmp_path)
     c.max_points = 2000
-    r = cb.render(c, session(c))
+    r = rendering.render(c, session(c))
     assert "aggregated points" in r.note
     assert sum(len(t.x) for t in r.figure.data[:5]) <= 2000
 
 
 def test_tabs_with_different_graphs_do_not_share_state(fresh):
     a = session(fresh)
-    b_up = cb.choose_graph(fresh, "sample:lstm", a["graph"], a["settings"])
+    b_up = edits.choose_graph(fresh, "sample:lstm", a["graph"], a["settings"])
     b = {"graph": b_up.graph, "settings": b_up.settings, "plan": b_up.plan, "view": b_up.view}
     knobs = {"threshold": 5, "ahead": 1, "groupby": 5, "sync_mode": 0}
-    a_plan = cb.apply_knobs(fresh, a["graph"], a["settings"], knobs).plan
-    ra = cb.render(fresh, {**a, "plan": a_plan})
-    rb = cb.render(fresh, b)
+    a_plan = edits.apply_knobs(fresh, a["graph"], a["settings"], knobs).plan
+    ra = rendering.render(fresh, {**a, "plan": a_plan})
+    rb = rendering.render(fresh, b)
     assert "mlp.pb" in str(ra.summary[0].children[1].children)
     assert "lstm.pb" in str(rb.summary[0].children[1].children)
     assert rb.figure.data[figures.T_AFTER].y is None or len(rb.figure.data[figures.T_AFTER].y) == 0
@@ -524,15 +524,15 @@ def test_tabs_with_different_graphs_do_not_share_state(fresh):
 
 def test_export_is_byte_identical_to_the_cli(fresh, tmp_path):
     s = session(fresh)
-    up = cb.apply_knobs(fresh, s["graph"], s["settings"],
+    up = edits.apply_knobs(fresh, s["graph"], s["settings"],
                         {"threshold": 3, "ahead": 1, "groupby": 5, "sync_mode": 0})
-    name, data = cb.export_bundle(fresh, s["graph"], up.plan)
+    name, data = files.export_bundle(fresh, s["graph"], up.plan)
     assert name == "mlp.lms.zip"
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
         assert sorted(zf.namelist()) == ["mlp.lms.pb", "mlp.plan.json"]
         pb = zf.read("mlp.lms.pb")
         exported_plan = zf.read("mlp.plan.json").decode()
-    plan_name, plan_text = cb.plan_download(fresh, s["graph"], up.plan)
+    plan_name, plan_text = files.plan_download(fresh, s["graph"], up.plan)
     assert plan_name == "mlp.plan.json"
     plan_file = tmp_path / plan_name
     plan_file.write_text(plan_text)
@@ -551,13 +551,13 @@ def test_export_is_byte_identical_to_the_cli(fresh, tmp_path):
 
 def test_export_with_device_strings_and_an_empty_plan(ctx):
     s = session(ctx)
-    name, data = cb.export_bundle(ctx, s["graph"], s["plan"], "/device:GPU:1", "/CPU:0")
+    name, data = files.export_bundle(ctx, s["graph"], s["plan"], "/device:GPU:1", "/CPU:0")
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
         assert plan_from_json(zf.read("mlp.plan.json").decode()).swaps == ()
     from lmscore.errors import ConfigError
 
     with pytest.raises(ConfigError):
-        cb.export_bundle(ctx, s["graph"], s["plan"], "not a device", "/CPU:0")
+        files.export_bundle(ctx, s["graph"], s["plan"], "not a device", "/CPU:0")
 
 
 # --- dispatch and the app ---------------------------------------------------------------
@@ -565,15 +565,15 @@ def test_export_with_device_strings_and_an_empty_plan(ctx):
 
 def test_control_dispatches_and_outputs_match_the_callback(ctx):
     s = session(ctx)
-    up = cb.control(ctx, "batch", {"batch": 8}, s)
+    up = edits.control(ctx, "batch", {"batch": 8}, s)
     assert up.settings["batch"] == 8
-    out = cb._outputs(up, s)
-    assert len(out) == 4 + 2 + 2 + len(cb._CONTROLS) + 2
-    assert cb.control(ctx, "hotspots", {"hotspots": {"row_id": "x:0", "column_id": "tensor"}},
+    out = callbacks._outputs(up, s)
+    assert len(out) == 4 + 2 + 2 + len(rendering.CONTROLS) + 2
+    assert edits.control(ctx, "hotspots", {"hotspots": {"row_id": "x:0", "column_id": "tensor"}},
                       s).view["tensor"] == "x:0"
-    assert cb.control(ctx, "edit-trigger", {}, s).error
-    assert cb.control(ctx, "st-graph", {}, s).controls
-    assert cb.control(ctx, None, {}, s) == cb.Update()
+    assert edits.control(ctx, "edit-trigger", {}, s).error
+    assert edits.control(ctx, "st-graph", {}, s).controls
+    assert edits.control(ctx, None, {}, s) == edits.Update()
 
 
 def test_create_app_and_run_defaults(tmp_path, monkeypatch):
@@ -607,26 +607,26 @@ RELU = "mlp_1/dense_1/Relu:0"
 
 def recompute_rows(c: state.AppContext, s: dict, level: int) -> list[dict]:
     loaded = c.resolve(s["graph"])
-    base = cb.base_of(c, loaded, s["settings"]["batch"])
-    return cb.hotspot_rows(base, cb.plan_of(c, loaded, s["plan"]["json"]), level)
+    base = results.base_of(c, loaded, s["settings"]["batch"])
+    return rendering.hotspot_rows(base, results.plan_of(c, loaded, s["plan"]["json"]), level)
 
 
 def test_toggle_recompute_adds_then_removes_and_the_views_show_it(fresh):
     s = session(fresh)
     row = next(r for r in recompute_rows(fresh, s, 10) if r["id"] == RELU)
     assert (row["decision"], row["recompute"], row["recomputable"]) == (
-        cb.KEPT, cb.RECOMPUTE_OFF, "yes")
-    up = cb.control(fresh, "hotspots", {"hotspots": {"row_id": RELU, "column_id": "recompute"}},
+        rendering.KEPT, rendering.RECOMPUTE_OFF, "yes")
+    up = edits.control(fresh, "hotspots", {"hotspots": {"row_id": RELU, "column_id": "recompute"}},
                     s)
     assert not up.error and up.message == f"{RELU} recomputed; the plan has 0 swaps, 1 recompute"
     plan = plan_from_json(up.plan["json"])
     assert plan.recomputed() == (RELU,) and plan.version == 2 and up.plan["recomputes"] == 1
     assert up.view["tensor"] == RELU
     edited = {**s, "plan": up.plan, "view": {**up.view, "level": 10}}
-    r = cb.render(fresh, edited)
+    r = rendering.render(fresh, edited)
     row = next(x for x in r.rows if x["id"] == RELU)
     assert (row["decision"], row["recompute"], row["swap"]) == (
-        cb.RECOMPUTED, cb.RECOMPUTE_ON, cb.SWAP_OFF)
+        rendering.RECOMPUTED, rendering.RECOMPUTE_ON, rendering.SWAP_OFF)
     after = r.figure.data[figures.T_AFTER].y
     assert after is not None and len(after) == len(r.figure.data[figures.T_BEFORE].y)
     items = {item.children[1].id: item.children[1].children for item in r.summary}
@@ -636,22 +636,22 @@ def test_toggle_recompute_adds_then_removes_and_the_views_show_it(fresh):
     again = plan.recomputes[0]
     assert RELU in listed and again.trigger in listed and again.consumers[0] in listed
     assert "is recomputed" in str(r.editor)  # the selected tensor's panel says so too
-    down = cb.toggle_recompute(fresh, s["graph"], s["settings"], up.plan, s["view"], RELU)
+    down = edits.toggle_recompute(fresh, s["graph"], s["settings"], up.plan, s["view"], RELU)
     assert not down.error and down.message.startswith(f"{RELU} no longer recomputed")
     assert plan_from_json(down.plan["json"]).changes_nothing()
-    r = cb.render(fresh, {**s, "plan": down.plan})
+    r = rendering.render(fresh, {**s, "plan": down.plan})
     assert "Nothing is recomputed" in str(r.recomputes)
 
 
 def test_a_refused_recompute_says_why_and_changes_nothing(fresh):
     s = session(fresh)
-    row = next(r for r in recompute_rows(fresh, s, 10) if r["recompute"] == cb.SWAP_NO
+    row = next(r for r in recompute_rows(fresh, s, 10) if r["recompute"] == rendering.SWAP_NO
                and "update op" in r["recomputable"])
-    up = cb.toggle_recompute(fresh, s["graph"], s["settings"], s["plan"], s["view"], row["id"])
+    up = edits.toggle_recompute(fresh, s["graph"], s["settings"], s["plan"], s["view"], row["id"])
     assert up.error and up.plan is None
     assert up.message == f"edit refused: tensor {row['id']!r} {row['recomputable']}"
     assert "\n" not in up.message
-    ghost = cb.toggle_recompute(fresh, s["graph"], s["settings"], s["plan"], s["view"], "nope:0")
+    ghost = edits.toggle_recompute(fresh, s["graph"], s["settings"], s["plan"], s["view"], "nope:0")
     assert ghost.error and "unknown tensor" in ghost.message
 
 
@@ -662,34 +662,34 @@ def test_the_table_offers_exactly_the_recomputes_the_plan_accepts(tmp_path, samp
     seen: dict[str, bool] = {}
     for level in range(s["graph"]["levels"]):
         for row in recompute_rows(c, s, level):
-            offered = row["recompute"] == cb.RECOMPUTE_OFF
+            offered = row["recompute"] == rendering.RECOMPUTE_OFF
             if seen.setdefault(row["id"], offered) != offered:
                 raise AssertionError(f"{row['id']}: the verdict changes with the level")
     assert any(seen.values()) or sample == "lstm"
     for tensor, offered in seen.items():
-        up = cb.toggle_recompute(c, s["graph"], s["settings"], s["plan"], s["view"], tensor)
+        up = edits.toggle_recompute(c, s["graph"], s["settings"], s["plan"], s["view"], tensor)
         assert up.error != offered, (tensor, up.message)
 
 
 def test_swap_and_recompute_replace_each_other(fresh):
     s = session(fresh)
-    swapped = cb.toggle_swap(fresh, s["graph"], s["settings"], s["plan"], s["view"], RELU)
+    swapped = edits.toggle_swap(fresh, s["graph"], s["settings"], s["plan"], s["view"], RELU)
     assert not swapped.error
-    up = cb.toggle_recompute(fresh, s["graph"], s["settings"], swapped.plan, s["view"], RELU)
+    up = edits.toggle_recompute(fresh, s["graph"], s["settings"], swapped.plan, s["view"], RELU)
     assert not up.error and up.message.startswith(f"{RELU} recomputed instead of swapped")
     plan = plan_from_json(up.plan["json"])
     assert plan.swapped() == () and plan.recomputed() == (RELU,)
-    back = cb.toggle_swap(fresh, s["graph"], s["settings"], up.plan, s["view"], RELU)
+    back = edits.toggle_swap(fresh, s["graph"], s["settings"], up.plan, s["view"], RELU)
     assert not back.error and back.message.startswith(f"{RELU} swapped instead of recomputed")
     plan = plan_from_json(back.plan["json"])
     assert plan.swapped() == (RELU,) and plan.recomputed() == ()
     # a refused switch keeps the decision the tensor had
     loaded = fresh.resolve(s["graph"])
-    base = cb.base_of(fresh, loaded, s["settings"]["batch"])
+    base = results.base_of(fresh, loaded, s["settings"]["batch"])
     mask = "sparse_categorical_crossentropy/Cast_1:0"  # int labels: recomputable, not swappable
     assert not base.recompute_refused(mask)
-    kept = cb.toggle_recompute(fresh, s["graph"], s["settings"], s["plan"], s["view"], mask)
-    no = cb.toggle_swap(fresh, s["graph"], s["settings"], kept.plan, s["view"], mask)
+    kept = edits.toggle_recompute(fresh, s["graph"], s["settings"], s["plan"], s["view"], mask)
+    no = edits.toggle_swap(fresh, s["graph"], s["settings"], kept.plan, s["view"], mask)
     assert no.error and no.plan is None and "cannot be swapped" in no.message
 
 
@@ -697,28 +697,28 @@ def test_plan_files_keep_recomputes_and_version_1_files_still_load(fresh, tmp_pa
     from dataclasses import replace
 
     s = session(fresh)
-    up = cb.apply_knobs(fresh, s["graph"], s["settings"],
+    up = edits.apply_knobs(fresh, s["graph"], s["settings"],
                         {"threshold": 5, "ahead": 1, "groupby": 5, "sync_mode": 0})
     v1 = replace(plan_from_json(up.plan["json"]), version=1).to_json()
     assert '"version": 1' in v1 and "recomputes" not in v1
-    loaded_v1 = cb.load_plan_file(fresh, s["graph"], gate("old.json", v1.encode()))
+    loaded_v1 = edits.load_plan_file(fresh, s["graph"], gate("old.json", v1.encode()))
     assert not loaded_v1.error and loaded_v1.message.startswith("plan loaded from old.json: ")
     assert plan_from_json(loaded_v1.plan["json"]).version == 1
     # a recompute added to a version 1 plan (here in place of a knob's swap) makes it a
     # version 2 plan
     assert RELU in plan_from_json(v1).swapped()
-    edited = cb.toggle_recompute(fresh, s["graph"], s["settings"], loaded_v1.plan, s["view"],
+    edited = edits.toggle_recompute(fresh, s["graph"], s["settings"], loaded_v1.plan, s["view"],
                                  RELU)
     assert not edited.error and "recomputed instead of swapped" in edited.message
-    name, text = cb.plan_download(fresh, s["graph"], edited.plan)
+    name, text = files.plan_download(fresh, s["graph"], edited.plan)
     doc = json.loads(text)
     assert doc["version"] == 2 and [r["tensor"] for r in doc["recomputes"]] == [RELU]
     assert {w["tensor"] for w in doc["swaps"]} == set(plan_from_json(v1).swapped()) - {RELU}
-    back = cb.load_plan_file(fresh, s["graph"], gate(name, text.encode()))
+    back = edits.load_plan_file(fresh, s["graph"], gate(name, text.encode()))
     assert not back.error and back.plan["json"] == text
     assert back.message.endswith("swaps, 1 recompute")
     # the export rewrites with the clones
-    bundle_name, data = cb.export_bundle(fresh, s["graph"], edited.plan)
+    bundle_name, data = files.export_bundle(fresh, s["graph"], edited.plan)
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
         assert plan_from_json(zf.read("mlp.plan.json").decode()).recomputed() == (RELU,)
         assert b"lms/recompute_mlp_1/dense_1/Relu_0/mlp_1/dense_1/Relu" in zf.read("mlp.lms.pb")
@@ -726,12 +726,12 @@ def test_plan_files_keep_recomputes_and_version_1_files_still_load(fresh, tmp_pa
 
 def test_a_saved_recompute_plan_comes_back(fresh):
     s = session(fresh)
-    up = cb.toggle_recompute(fresh, s["graph"], s["settings"], s["plan"], s["view"], RELU)
+    up = edits.toggle_recompute(fresh, s["graph"], s["settings"], s["plan"], s["view"], RELU)
     restarted = state.new_context("mlp", None, upload_cap_bytes=MIB, data_dir=fresh.data_dir)
     again = session(restarted)
     assert again["plan"]["json"] == up.plan["json"] and again["plan"]["source"] == "saved"
-    other = cb.choose_graph(restarted, "sample:lstm", again["graph"], again["settings"])
-    back = cb.choose_graph(restarted, "sample:mlp", other.graph, other.settings)
+    other = edits.choose_graph(restarted, "sample:lstm", again["graph"], again["settings"])
+    back = edits.choose_graph(restarted, "sample:mlp", other.graph, other.settings)
     assert back.plan["json"] == up.plan["json"]
     assert back.message.endswith("restored your saved plan (0 swaps, 1 recompute)")
 
@@ -740,13 +740,13 @@ def test_summary_shows_host_memory_against_tensorflows_limit(fresh, monkeypatch)
     s = session(fresh)
     s = {**s, "settings": {**s["settings"], "batch": 1024}}
     tensor = swappable_tensor(fresh, s, min_mib=1)  # a 512 x 512 weight gradient: 1 MiB
-    up = cb.toggle_swap(fresh, s["graph"], s["settings"], s["plan"], s["view"], tensor)
+    up = edits.toggle_swap(fresh, s["graph"], s["settings"], s["plan"], s["view"], tensor)
     assert not up.error
 
     def summary(limit: int) -> dict:
         # TensorFlow's variable counts whole MiB (tests/test_tune.py); a smaller limit here
-        monkeypatch.setattr(cb, "host_memory_limit", lambda: limit)
-        r = cb.render(fresh, {**s, "plan": up.plan})
+        monkeypatch.setattr(rendering, "host_memory_limit", lambda: limit)
+        r = rendering.render(fresh, {**s, "plan": up.plan})
         return {item.children[1].id: (item.children[1].children, item.children[1].className)
                 for item in r.summary}
 

@@ -1,0 +1,507 @@
+"""Session and plan edits: one plain function per user action, each returning an :class:`Update`.
+
+:func:`control` dispatches an action (the id of the component that fired) to its
+function; it is the only writer of the session stores. Nothing here draws: the render
+that follows a store change does (:mod:`lmsviz.rendering`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lmscore.errors import ConfigError, LmsError, PlanError
+from lmscore.plan import (
+    Plan,
+    add_recompute,
+    add_swap,
+    check_plan,
+    empty_plan,
+    group_consumers,
+    move_trigger,
+    plan_from_json,
+    plan_from_params,
+    regroup,
+    remove_recompute,
+    remove_swap,
+)
+from lmscore.units import parse_bytes
+
+from . import figures
+from .files import decode_upload
+from .results import base_of, live_row, plan_digest, plan_of
+from .state import (
+    AppContext,
+    LoadedGraph,
+    accept_upload,
+    budget_text,
+    empty_view,
+    load_sample,
+    plan_store,
+    presets,
+)
+
+#: Largest batch size accepted from the form.
+MAX_BATCH = 1 << 20
+
+
+@dataclass
+class Update:
+    """What an action changes; None leaves a store or control as it is.
+
+    Attributes
+    ----------
+    graph, settings, plan, view : dict, optional
+        New data of the session stores.
+    message : str, optional
+        Shown above the views ("" clears it).
+    error : bool
+        Whether the message reports a refusal.
+    controls : bool
+        Whether to set the form controls from the (new) settings.
+    """
+
+    graph: dict[str, Any] | None = None
+    settings: dict[str, Any] | None = None
+    plan: dict[str, Any] | None = None
+    view: dict[str, Any] | None = None
+    message: str | None = None
+    error: bool = False
+    controls: bool = False
+
+
+def refuse(message: str) -> Update:
+    """An update that changes nothing and says why."""
+    return Update(message=message, error=True)
+
+
+def _plan_changed(app: AppContext, loaded: LoadedGraph, plan: Plan, source: str,
+                  tune: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The new plan store, saved under the data directory for restarts."""
+    store = plan_store(plan, source, tune)
+    app.save_plan(loaded.fingerprint, store["json"])
+    # the render that follows finds the plan parsed and checked
+    app.results.put(("plan", loaded.key, plan_digest(store["json"])), plan)
+    return store
+
+
+def choose_graph(app: AppContext, value: str, graph_ref: dict[str, Any],
+                 settings: dict[str, Any]) -> Update:
+    """The graph picker: load a bundled sample (or keep the current graph).
+
+    The batch size becomes the sample's; the plan last saved for the graph comes back.
+    """
+    if not value or not value.startswith("sample:"):
+        return Update()
+    try:
+        loaded = load_sample(app, value.removeprefix("sample:"))
+    except LmsError as e:
+        return refuse(str(e))
+    batch = loaded.default_batch or settings.get("batch", 1)
+    return _switch_to(app, loaded, {**settings, "batch": batch})
+
+
+def _switch_to(app: AppContext, loaded: LoadedGraph, settings: dict[str, Any]) -> Update:
+    saved = app.saved_plan(loaded)
+    plan = plan_store(saved, "saved") if saved is not None and (
+        saved.swaps or saved.recomputes) else plan_store(None, "none")
+    ref = loaded.ref()
+    msg = f"loaded {loaded.name}: {ref['ops']:,} ops, {ref['levels']:,} levels"
+    if saved is not None and plan["json"]:
+        msg += f"; restored your saved plan ({plan_counts(saved)})"
+    return Update(graph=ref, settings=settings, plan=plan, view=empty_view(), message=msg,
+                  controls=True)
+
+
+def upload_graph(app: AppContext, gate: dict[str, Any] | None,
+                 settings: dict[str, Any]) -> Update:
+    """An uploaded graph file: refuse it with a clear message, or switch to it."""
+    try:
+        name, data = decode_upload(gate, app.upload_cap_bytes)
+        loaded = accept_upload(app, name, data)
+        # sized and simulated now, so that a graph that cannot be shown never replaces one
+        # that can (the render that follows finds the result cached)
+        base_of(app, loaded, int(settings.get("batch") or 1),
+                settings.get("workspace", "accelerator"))
+    except LmsError as e:
+        return refuse(f"upload refused: {e}")
+    return _switch_to(app, loaded, settings)
+
+
+def set_batch(settings: dict[str, Any], value: Any) -> Update:
+    """A new batch size (a positive integer); anything else is refused."""
+    try:
+        batch = int(value)
+        if batch != float(value) or not 1 <= batch <= MAX_BATCH:
+            raise ValueError
+    except (TypeError, ValueError):
+        return Update(message=f"batch size must be an integer from 1 to {MAX_BATCH}, got "
+                      f"{value!r}", error=True, controls=True)
+    if batch == settings.get("batch"):
+        return Update()
+    return Update(settings={**settings, "batch": batch}, message="")
+
+
+def set_budget(settings: dict[str, Any], text: Any) -> Update:
+    """A new device budget, as text like ``16GiB``."""
+    try:
+        parse_bytes(str(text))
+    except ConfigError as e:
+        return Update(message=f"budget: {e}", error=True, controls=True)
+    if text == settings.get("budget"):
+        return Update()
+    return Update(settings={**settings, "budget": str(text).strip()}, message="")
+
+
+def set_presets(settings: dict[str, Any], device: str | None, link: str | None) -> Update:
+    """Device and link presets of the tuner; a new device brings its memory as the budget."""
+    devices, links = presets()
+    if device not in devices or link not in links:
+        return Update(controls=True)
+    new = {**settings, "device": device, "link": link}
+    memory = getattr(devices[device], "memory_bytes", None)
+    if device != settings.get("device") and memory:
+        new["budget"] = budget_text(int(memory))
+        return Update(settings=new, controls=True,
+                      message=f"budget set to the {device}'s memory, {new['budget']}")
+    return Update(settings=new)
+
+
+def set_workspace(settings: dict[str, Any], value: Any) -> Update:
+    """The simulator's kernel-workspace model: ``"accelerator"`` or ``"cpu"`` (as measured)."""
+    if value not in ("accelerator", "cpu"):
+        return Update(controls=True)
+    if value == settings.get("workspace", "accelerator"):
+        return Update()
+    return Update(settings={**settings, "workspace": value})
+
+
+def read_knobs(threshold: Any, ahead: Any, groupby: Any, sync_mode: Any) -> dict[str, int]:
+    """The knobs of the form as integers.
+
+    Raises
+    ------
+    ConfigError
+        If one is not an integer.
+    """
+    out = {}
+    for name, value in (("threshold", threshold), ("ahead", ahead), ("groupby", groupby),
+                        ("sync_mode", sync_mode)):
+        try:
+            out[name] = int(value)
+            if out[name] != float(value):
+                raise ValueError
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+    return out
+
+
+def apply_knobs(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, Any],
+                knobs: dict[str, Any]) -> Update:
+    """Make a plan from the TFLMS knobs (:func:`lmscore.plan.plan_from_params`)."""
+    try:
+        values = read_knobs(**knobs)
+        loaded = app.resolve(graph_ref)
+        base = base_of(app, loaded, settings["batch"], settings.get("workspace", "accelerator"))
+        plan = plan_from_params(loaded.graph, settings["batch"], sizes=base.sizes, **values)
+    except LmsError as e:
+        return refuse(f"knobs: {e}")
+    store = _plan_changed(app, loaded, plan, "knobs")
+    return Update(settings={**settings, "knobs": values}, plan=store,
+                  message=f"knobs applied: {len(plan.swaps)} tensors swapped")
+
+
+def plan_counts(plan: Plan) -> str:
+    """How many swaps (and recomputes, if any) a plan makes, for messages.
+
+    >>> from lmscore.plan import Recompute
+    >>> plan_counts(Plan("f", recomputes=(Recompute("a:0", ("a",), ("b",), "c"),)))
+    '0 swaps, 1 recompute'
+    """
+    text = f"{len(plan.swaps)} swaps"
+    if plan.recomputes:
+        n = len(plan.recomputes)
+        text += f", {n} recompute{'s' if n > 1 else ''}"
+    return text
+
+
+def toggle_swap(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, Any],
+                plan_data: dict[str, Any], view: dict[str, Any], tensor: str) -> Update:
+    """Swap a hotspot tensor, or stop swapping it (the plan's other decisions are kept).
+
+    A recomputed tensor is swapped instead; if the swap is refused it stays recomputed.
+    """
+    def edit(loaded: LoadedGraph, plan: Plan) -> tuple[Plan, str] | Update:
+        if tensor in plan.swapped():
+            return remove_swap(plan, tensor), "no longer swapped"
+        base = base_of(app, loaded, settings["batch"], settings.get("workspace", "accelerator"))
+        row = live_row(base, tensor)
+        if row is not None and not row.swappable:
+            return refuse(f"{tensor} cannot be swapped: {row.reason}")
+        knobs = settings.get("knobs", {})
+        # one decision per tensor: the click replaces a recomputation
+        was_recomputed = tensor in plan.recomputed()
+        start = remove_recompute(plan, tensor) if was_recomputed else plan
+        # a hand toggle moves the tensor off the device for every consumer that is not
+        # adjacent to it (what the table calls swappable); ahead and groupby are the knobs'
+        new = add_swap(loaded.graph, start, tensor, threshold=1,
+                       ahead=int(knobs.get("ahead", 1)), groupby=int(knobs.get("groupby", 5)),
+                       sizes=base.sizes)
+        return new, "swapped instead of recomputed" if was_recomputed else "swapped"
+
+    return _hand_edit(app, graph_ref, plan_data, view, tensor, edit)
+
+
+def toggle_recompute(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, Any],
+                     plan_data: dict[str, Any], view: dict[str, Any], tensor: str) -> Update:
+    """Recompute a hotspot tensor for its far readers, or stop recomputing it.
+
+    The edit is :func:`lmscore.plan.add_recompute` at threshold 1 (every reader that is not
+    adjacent to the tensor reads the recomputed copy), its trigger about the ``ahead`` knob
+    before the first of them; a refusal says why in the core's words. A swapped tensor is
+    recomputed instead; if the recomputation is refused it stays swapped.
+    """
+    def edit(loaded: LoadedGraph, plan: Plan) -> tuple[Plan, str]:
+        if tensor in plan.recomputed():
+            return remove_recompute(plan, tensor), "no longer recomputed"
+        was_swapped = tensor in plan.swapped()
+        start = remove_swap(plan, tensor) if was_swapped else plan
+        ahead = int(settings.get("knobs", {}).get("ahead", 1))
+        new = add_recompute(loaded.graph, start, tensor, threshold=1, ahead=ahead)
+        return new, "recomputed instead of swapped" if was_swapped else "recomputed"
+
+    return _hand_edit(app, graph_ref, plan_data, view, tensor, edit)
+
+
+def _hand_edit(app: AppContext, graph_ref: dict[str, Any], plan_data: dict[str, Any],
+               view: dict[str, Any], tensor: str,
+               edit: Callable[[LoadedGraph, Plan], tuple[Plan, str] | Update]) -> Update:
+    """Apply a hand edit of ``tensor``'s decision to the current plan, or say why not."""
+    try:
+        loaded = app.resolve(graph_ref)
+        done = edit(loaded, plan_of(app, loaded, plan_data.get("json")))
+    except LmsError as e:
+        return refuse(f"edit refused: {e}")
+    if isinstance(done, Update):
+        return done
+    new, verb = done
+    return Update(plan=_plan_changed(app, loaded, new, "hand"), view={**view, "tensor": tensor},
+                  message=f"{tensor} {verb}; the plan has {plan_counts(new)}")
+
+
+
+def select_level(view: dict[str, Any], level: Any, n_levels: int) -> Update:
+    """Select a level (the table then lists the tensors live there)."""
+    try:
+        lvl = int(round(float(level)))
+    except (TypeError, ValueError):
+        return Update()
+    lvl = min(max(lvl, 0), max(n_levels - 1, 0))
+    return Update(view={**view, "level": lvl})
+
+
+def select_tensor(view: dict[str, Any], tensor: str) -> Update:
+    """Select a tensor: its lifetime is drawn and its producer and consumers ringed."""
+    return Update(view={**view, "tensor": tensor})
+
+
+def click_figure(view: dict[str, Any], click: dict[str, Any] | None, graph_ref: dict[str, Any]
+                 ) -> Update:
+    """A click on the figure: an op (selects it and its level), a swap op, or a level."""
+    if not click or not click.get("points"):
+        return Update()
+    point = click["points"][0]
+    curve = point.get("curveNumber")
+    n_levels = int(graph_ref.get("levels", 1))
+    up = select_level(view, point.get("x"), n_levels)
+    new_view = up.view or dict(view)
+    data = point.get("customdata")
+    on_op = curve is not None and curve < len(figures.CATEGORIES)
+    if on_op and isinstance(data, int) and data >= 0:
+        new_view["op"] = data
+    elif curve == figures.T_SWAP_OPS and isinstance(data, str):
+        new_view["tensor"] = data
+    return Update(view=new_view)
+
+
+def set_trigger(app: AppContext, graph_ref: dict[str, Any], plan_data: dict[str, Any],
+                tensor: str | None, group: Any, trigger_op: int | None) -> Update:
+    """Move the trigger of one swap-in to the selected op (None: synchronous)."""
+    if not tensor:
+        return refuse("select a swapped tensor first (click it in the table)")
+    try:
+        loaded = app.resolve(graph_ref)
+        plan = plan_of(app, loaded, plan_data.get("json"))
+        name = None
+        if trigger_op is not None:
+            if not 0 <= int(trigger_op) < len(loaded.graph.ops):
+                raise PlanError("the selected op is not in this graph")
+            name = loaded.graph.ops[int(trigger_op)].name
+        new = move_trigger(loaded.graph, plan, tensor, int(group or 0), name)
+    except LmsError as e:
+        return refuse(f"edit refused: {e}")
+    what = f"triggered by {name}" if name else "synchronous"
+    return Update(plan=_plan_changed(app, loaded, new, "hand"),
+                  message=f"swap-in {int(group or 0)} of {tensor} is now {what}")
+
+
+def regroup_swap(app: AppContext, graph_ref: dict[str, Any], plan_data: dict[str, Any],
+                 tensor: str | None, groupby: Any) -> Update:
+    """Regroup the consumers of a swapped tensor: ``groupby`` levels per swap-in (None: one)."""
+    if not tensor:
+        return refuse("select a swapped tensor first (click it in the table)")
+    try:
+        loaded = app.resolve(graph_ref)
+        plan = plan_of(app, loaded, plan_data.get("json"))
+        swap = next((s for s in plan.swaps if s.tensor == tensor), None)
+        if swap is None:
+            raise PlanError(f"tensor {tensor!r} is not swapped by this plan")
+        consumers = [c for g in swap.swap_ins for c in g.consumers]
+        if groupby is None:
+            groups: list[tuple[str, ...]] = [tuple(consumers)]
+        else:
+            try:
+                gb = int(groupby)
+            except (TypeError, ValueError):
+                raise ConfigError(f"groupby must be an integer, got {groupby!r}") from None
+            if gb < 0:
+                raise ConfigError(f"groupby must be >= 0, got {gb}")
+            groups = group_consumers(loaded.graph, consumers, gb)
+        new = regroup(loaded.graph, plan, tensor, groups)
+    except LmsError as e:
+        return refuse(f"edit refused: {e}")
+    return Update(plan=_plan_changed(app, loaded, new, "hand"),
+                  message=f"{tensor}: {len(groups)} swap-in group(s)")
+
+
+def reset_plan(app: AppContext, graph_ref: dict[str, Any]) -> Update:
+    """Drop every swap and recomputation."""
+    try:
+        loaded = app.resolve(graph_ref)
+    except LmsError as e:
+        return refuse(str(e))
+    return Update(plan=_plan_changed(app, loaded, empty_plan(loaded.graph), "none"),
+                  message="plan reset: nothing swapped or recomputed")
+
+
+def load_plan_file(app: AppContext, graph_ref: dict[str, Any], gate: dict[str, Any] | None
+                   ) -> Update:
+    """A plan uploaded as JSON, checked against the graph (:func:`lmscore.plan.check_plan`)."""
+    try:
+        name, data = decode_upload(gate, app.upload_cap_bytes)
+        loaded = app.resolve(graph_ref)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise PlanError(f"{name}: not a JSON plan (binary data)") from None
+        plan = plan_from_json(text, name)
+        check_plan(loaded.graph, plan)
+    except LmsError as e:
+        return refuse(f"plan refused: {e}")
+    return Update(plan=_plan_changed(app, loaded, plan, "file"),
+                  message=f"plan loaded from {name}: {plan_counts(plan)}")
+
+
+def accept_tune(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, Any],
+                result: dict[str, Any] | None) -> Update:
+    """The auto-tuner's result: its plan becomes the session's plan."""
+    if not result:
+        return Update()
+    if result.get("error"):
+        return refuse(f"auto-tune: {result['error']}")
+    if result.get("key") != graph_ref.get("key") or result.get("batch") != settings.get("batch"):
+        return refuse("auto-tune finished for another graph or batch size; run it again")
+    try:
+        loaded = app.resolve(graph_ref)
+        plan = plan_from_json(result["plan"], "tuner")
+        check_plan(loaded.graph, plan)
+    except LmsError as e:
+        return refuse(f"auto-tune returned an unusable plan: {e}")
+    verdict = {k: result.get(k) for k in (
+        "fits", "budget_bytes", "predicted_peak_bytes", "predicted_overhead", "swapped_tensors",
+        "swap_bytes", "message")}
+    verdict["plan_sha"] = plan_digest(plan.to_json())
+    fits = "fits" if result.get("fits") else "does not fit"
+    return Update(plan=_plan_changed(app, loaded, plan, "tuner", verdict),
+                  message=f"auto-tune: {fits}; {result.get('message') or ''}".rstrip("; "))
+
+
+def restore() -> Update:
+    """The session stores were restored (page reload): set the form from them."""
+    return Update(controls=True)
+
+
+def control(app: AppContext, trigger: str | None, values: dict[str, Any],
+            session: dict[str, Any]) -> Update:
+    """Dispatch one user action to its function.
+
+    Parameters
+    ----------
+    trigger : str
+        Id of the component that fired.
+    values : dict
+        Current values of the inputs and form fields, by component id.
+    session : dict
+        ``graph``, ``settings``, ``plan``, ``view`` store data.
+    """
+    g, s, p, v = session["graph"], session["settings"], session["plan"] or {}, session["view"]
+    v = v or empty_view()
+    if trigger == "graph-picker":
+        return choose_graph(app, values.get("graph-picker") or "", g, s)
+    if trigger == "graph-gate":
+        return upload_graph(app, values.get("graph-gate"), s)
+    if trigger == "batch":
+        return set_batch(s, values.get("batch"))
+    if trigger == "budget":
+        return set_budget(s, values.get("budget"))
+    if trigger == "workspace":
+        return set_workspace(s, values.get("workspace"))
+    if trigger in ("device", "link"):
+        return set_presets(s, values.get("device"), values.get("link"))
+    if trigger == "knobs-apply":
+        return apply_knobs(app, g, s, {
+            "threshold": values.get("knob-threshold"), "ahead": values.get("knob-ahead"),
+            "groupby": values.get("knob-groupby"), "sync_mode": values.get("knob-sync")})
+    if trigger == "plan-reset":
+        return reset_plan(app, g)
+    if trigger == "plan-gate":
+        return load_plan_file(app, g, values.get("plan-gate"))
+    if trigger == "hotspots":
+        cell = values.get("hotspots") or {}
+        tensor = cell.get("row_id")
+        if not tensor:
+            return Update()
+        if cell.get("column_id") == "swap":
+            return toggle_swap(app, g, s, p, v, tensor)
+        if cell.get("column_id") == "recompute":
+            return toggle_recompute(app, g, s, p, v, tensor)
+        return select_tensor(v, tensor)
+    if trigger == "studio":
+        return click_figure(v, values.get("studio"), g)
+    if trigger == "edit-trigger":
+        if v.get("op") is None:
+            return refuse("click an op in the ordering view first: it becomes the trigger")
+        return set_trigger(app, g, p, v.get("tensor"), values.get("edit-group"), v.get("op"))
+    if trigger == "edit-swap-op":
+        op = v.get("op")
+        if op is None:
+            return refuse("click an op in the ordering view first: its output is swapped")
+        try:
+            name = app.resolve(g).graph.ops[int(op)].name
+        except (LmsError, IndexError, ValueError) as e:
+            return refuse(str(e))
+        return toggle_swap(app, g, s, p, v, f"{name}:0")
+    if trigger == "edit-sync":
+        return set_trigger(app, g, p, v.get("tensor"), values.get("edit-group"), None)
+    if trigger == "edit-regroup":
+        return regroup_swap(app, g, p, v.get("tensor"), values.get("edit-groupby"))
+    if trigger == "edit-onegroup":
+        return regroup_swap(app, g, p, v.get("tensor"), None)
+    if trigger == "tune-cancel":
+        return Update(message="auto-tune cancelled; the plan is unchanged")
+    if trigger == "st-tune":
+        return accept_tune(app, g, s, values.get("st-tune"))
+    if trigger in ("st-graph", "st-settings"):
+        return restore()
+    return Update()

@@ -1,0 +1,363 @@
+"""Rendering: a session's stores in, the figure, summary, hotspot table and plan lists out.
+
+:func:`render` reads the cached analysis (:mod:`lmsviz.results`) and hands plain arrays to
+the pure builders of :mod:`lmsviz.figures`. When only the plan or the selection changed it
+returns a ``dash.Patch`` that replaces the small traces and leaves the ordering points in
+the browser.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import dash
+from dash import html, no_update
+
+import lmscore
+from lmscore.errors import ConfigError, PlanError
+from lmscore.ir import split_tensor
+from lmscore.memory import fits as fits_device
+from lmscore.memory import host_memory_limit
+from lmscore.plan import Plan, Recompute, empty_plan
+from lmscore.units import format_bytes, parse_bytes
+
+from . import figures
+from .results import After, Base, after_of, base_of, plan_digest, plan_of
+from .state import AppContext, LoadedGraph, default_settings, empty_view, sample_options
+
+SWAP_ON, SWAP_OFF, SWAP_NO = "☑ swapped", "☐ swap", "—"
+RECOMPUTE_ON, RECOMPUTE_OFF = "☑ recomputed", "☐ recompute"
+#: What the plan does with a tensor, as the hotspot table's ``decision`` column says it.
+KEPT, SWAPPED, RECOMPUTED = "kept", "swapped", "recomputed"
+#: Recomputes listed by name in the plan panel (the summary counts them all).
+MAX_LISTED = 20
+
+
+@dataclass
+class Rendered:
+    """Everything :func:`render` produces for one session state."""
+
+    figure: Any
+    note: str
+    summary: Any
+    rows: list[dict[str, Any]]
+    row_styles: list[dict[str, Any]]
+    caption: str
+    editor: Any
+    groups: list[dict[str, Any]]
+    rendered: dict[str, Any]
+    message: str | None = None
+    recomputes: Any = None
+
+
+def render(app: AppContext, session: dict[str, Any], *, full: bool = True,
+           data: bool = True) -> Rendered:
+    """The figure, summary, hotspot table, swap editor and recompute list of a session.
+
+    Parameters
+    ----------
+    app : AppContext
+    session : dict
+        ``graph``, ``settings``, ``plan`` and ``view`` store data.
+    full : bool
+        Build the whole figure; otherwise return a ``dash.Patch``.
+    data : bool
+        With a patch: replace the traces that depend on the plan and settings. When only
+        the selection changed the patch touches the layout alone.
+    """
+    graph_ref, settings = session["graph"], session["settings"]
+    plan_data, view = session["plan"] or {}, session["view"] or empty_view()
+    loaded = app.resolve(graph_ref)
+    batch = int(settings["batch"])
+    base = base_of(app, loaded, batch, settings.get("workspace", "accelerator"))
+    message = None
+    try:
+        plan = plan_of(app, loaded, plan_data.get("json"))
+    except PlanError as e:
+        plan = empty_plan(loaded.graph)
+        message = f"the stored plan does not fit this graph and was ignored: {e}"
+    after = after_of(app, base, plan, plan_digest(plan_data.get("json")) if not message else None)
+    try:
+        budget: int | None = parse_bytes(settings.get("budget") or "")
+    except ConfigError:
+        budget = None
+    sim = base.sim
+    curves = figures.Curves(
+        before=sim.device_curve,
+        after=after.device if after else None,
+        host=after.host if after else None,
+        peak_before=(sim.peak_level, sim.peak_bytes),
+        peak_after=(after.peak_level, after.sim.peak_bytes) if after else None,
+        budget=budget,
+    )
+    level = view.get("level")
+    table_level = level if level is not None else (after.peak_level if after else sim.peak_level)
+    hl = _highlight(loaded, base, view)
+    swaps = _swap_draws(loaded, after.rewrite.plan if after else plan)
+    if full:
+        fig, note = figures.studio_figure(
+            base.ops, base.positions, curves, swaps, hl, max_points=app.max_points,
+            uirevision=f"{loaded.key}:{batch}",
+        )
+        figure: Any = fig
+    else:
+        figure = dash.Patch()
+        if data:
+            for k, tr in enumerate(figures.dynamic_traces(swaps, base.positions, curves)):
+                figure["data"][figures.T_SWAP_EDGES + k] = tr.to_plotly_json()
+            figure["layout"]["yaxis2"]["range"] = figures.memory_range(curves)
+        figure["layout"]["shapes"] = figures.selection_shapes(hl, base.positions)
+        note = no_update
+    ahead = int(settings.get("knobs", {}).get("ahead", 1))
+    rows = hotspot_rows(base, plan, table_level, ahead=ahead)
+    styles = _row_styles(view.get("tensor"))
+    where = ("selected level" if level is not None else
+             "peak with the plan" if after else "peak")
+    caption = (f"Tensors live at level {table_level} ({where}): {len(rows)}. "
+               "Click a row to see its lifetime; click its swap or recompute cell to toggle it.")
+    editor, groups = _editor(loaded, plan, view.get("tensor"))
+    return Rendered(
+        figure=figure, note=note, summary=summary(loaded, base, plan, plan_data, after, budget),
+        rows=rows, row_styles=styles, caption=caption, editor=editor, groups=groups,
+        rendered={"key": loaded.key, "batch": batch, "workspace": base.workspace},
+        message=message, recomputes=recompute_list(loaded, plan),
+    )
+
+
+def _highlight(loaded: LoadedGraph, base: Base, view: dict[str, Any]) -> figures.Highlight:
+    tensor = view.get("tensor")
+    op = view.get("op")
+    op_index = op if isinstance(op, int) and 0 <= op < len(loaded.graph.ops) else None
+    if not tensor:
+        return figures.Highlight(op=op_index, level=view.get("level"))
+    name, port = split_tensor(tensor)
+    producer = loaded.graph.index.get(name)
+    if producer is None:
+        return figures.Highlight(op=op_index, level=view.get("level"))
+    consumers = loaded.graph.adjacency.consumers.get((producer, port), ())
+    span = base.buffers.get(tensor)
+    return figures.Highlight(
+        producer=producer, consumers=tuple(consumers), op=op_index, level=view.get("level"),
+        lifetime=span, tensor=tensor,
+    )
+
+
+def _swap_draws(loaded: LoadedGraph, plan: Plan) -> list[figures.SwapDraw]:
+    index = loaded.graph.index
+    out = []
+    for s in plan.swaps:
+        producer = index[split_tensor(s.tensor)[0]]
+        groups = tuple(
+            (tuple(index[c] for c in g.consumers), index[g.trigger] if g.trigger else None)
+            for g in s.swap_ins
+        )
+        out.append(figures.SwapDraw(s.tensor, producer, groups))
+    return out
+
+
+def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1
+                 ) -> list[dict[str, Any]]:
+    """Rows of the hotspot table: the tensors live at ``level``, largest first.
+
+    Each row says what the plan does with its tensor (``decision``) and whether a hand
+    edit would swap it (``swappable``, :func:`lmscore.hotspots`' verdict) or recompute it
+    (``recomputable``, :meth:`Base.recompute_refused` with the ``ahead`` knob).
+    """
+    swapped = set(plan.swapped())
+    recomputed = set(plan.recomputed())
+    rows = []
+    for t in base.live(level):
+        # a row is a buffer; a toggle edits the tensor of it that is read farthest away
+        tensor = t.swap_tensor or t.tensor
+        on = t.tensor in swapped or t.swap_tensor in swapped
+        again = t.tensor in recomputed or t.swap_tensor in recomputed
+        if split_tensor(tensor)[0] in base.loaded.graph.index:
+            refused = _reason(base.recompute_refused(tensor, ahead), tensor)
+        else:  # a kernel workspace or a loop's results: no tensor of the graph to name
+            refused = t.reason
+        rows.append({
+            "id": tensor, "tensor": t.tensor,
+            "mib": round(t.bytes / figures.MIB, 3),
+            "producer_level": t.producer_level, "last_use_level": t.last_use_level,
+            "distance": t.distance, "category": t.category,
+            "swappable": "yes" if t.swappable else t.reason,
+            "recomputable": "yes" if not refused else refused,
+            "decision": SWAPPED if on else (RECOMPUTED if again else KEPT),
+            "swap": SWAP_ON if on else (SWAP_OFF if t.swappable else SWAP_NO),
+            "recompute": RECOMPUTE_ON if again else (RECOMPUTE_OFF if not refused else SWAP_NO),
+        })
+    return rows
+
+
+def _reason(message: str, tensor: str) -> str:
+    """A refusal about ``tensor`` without its name (the row names it).
+
+    >>> _reason("tensor 'a:0' cannot be recomputed: backward op", "a:0")
+    'cannot be recomputed: backward op'
+    """
+    return message.removeprefix(f"tensor {tensor!r}").lstrip(": ")
+
+
+def _row_styles(tensor: str | None) -> list[dict[str, Any]]:
+    styles: list[dict[str, Any]] = [
+        {"if": {"filter_query": f'{{decision}} = "{SWAPPED}"'}, "backgroundColor": "#fff7ed"},
+        {"if": {"filter_query": f'{{decision}} = "{RECOMPUTED}"'},
+         "backgroundColor": "#ecfdf5"},
+        {"if": {"column_id": "swap"}, "cursor": "pointer", "fontWeight": "600"},
+        {"if": {"column_id": "recompute"}, "cursor": "pointer", "fontWeight": "600"},
+    ]
+    if tensor:
+        safe = tensor.replace('"', "")
+        styles.append({"if": {"filter_query": f'{{tensor}} = "{safe}"'},
+                       "backgroundColor": "#ede9fe"})
+    return styles
+
+
+def summary(loaded: LoadedGraph, base: Base, plan: Plan, plan_data: dict[str, Any],
+            after: After | None, budget: int | None) -> Any:
+    """The summary panel: peaks, host, swaps, recomputes, predicted overhead, whether it fits."""
+    sim = base.sim
+    shown = after.sim if after else sim
+
+    def item(label: str, value: str, test_id: str, cls: str = "") -> Any:
+        return html.Div([html.Span(label, className="k"),
+                         html.Span(value, id=f"sum-{test_id}", className=f"v {cls}")],
+                        className="kv")
+
+    tune = plan_data.get("tune") if plan_data.get("source") == "tuner" else None
+    current = plan_digest(plan_data.get("json"))
+    if tune and tune.get("plan_sha") == current and tune.get("predicted_overhead") is not None:
+        overhead = f"{100 * float(tune['predicted_overhead']):.1f}% of step time (tuner)"
+    elif tune:
+        overhead = "plan edited since auto-tune: run it again"
+    else:
+        overhead = "run auto-tune for a prediction"
+    host_limit = host_memory_limit()
+    host_peak = after.sim.host_peak_bytes if after else 0
+    over_host = host_peak > host_limit
+    if budget is None:
+        fits, fits_cls = "no budget set", ""
+    elif over_host:
+        fits, fits_cls = (f"does not fit: host memory over its limit by "
+                          f"{format_bytes(host_peak - host_limit)}", "bad")
+    elif fits_device(shown, budget, host_bytes=host_limit):
+        fits, fits_cls = f"fits ({format_bytes(budget - shown.worst_peak_bytes)} to spare)", "ok"
+    else:
+        fits, fits_cls = (f"does not fit (over by {format_bytes(shown.worst_peak_bytes - budget)})",
+                          "bad")
+    n_in = len(after.rewrite.swap_ins) if after else 0
+    n_sync = len(after.rewrite.synchronous) if after else 0
+    skipped = after.rewrite.skipped if after else ()
+    items = [
+        item("graph", f"{loaded.name}: {len(loaded.graph.ops):,} ops, "
+             f"{len(sim.device_curve):,} levels, batch {base.batch}", "graph"),
+        item("peak before", f"{format_bytes(sim.peak_bytes)} at level {sim.peak_level}", "before"),
+        item("peak after", (f"{format_bytes(after.sim.peak_bytes)} "
+                            f"({100 * (after.sim.peak_bytes / sim.peak_bytes - 1):+.1f}%)"
+                            if after else "no plan"), "after"),
+        item("host peak", f"{format_bytes(host_peak)} of {format_bytes(host_limit)} "
+             "(TensorFlow's pinned host memory limit)", "host", "bad" if over_host else ""),
+        item("swapped", (f"{len(plan.swaps)} tensors, {format_bytes(after.swap_bytes)}; "
+                         f"{n_in} swap-ins ({n_sync} synchronous)" if after and plan.swaps
+                         else "nothing"),
+             "swapped"),
+        item("recomputed", (f"{len(plan.recomputes)} tensors, "
+                            f"{len(after.rewrite.clones)} ops cloned"
+                            if after and plan.recomputes else "nothing"), "recomputed"),
+        item("overhead", overhead, "overhead"),
+        item("budget", fits, "fits", fits_cls),
+        item("plan", {"none": "empty", "knobs": "from the knobs", "hand": "edited by hand",
+                      "tuner": "from auto-tune", "file": "loaded from a file",
+                      "saved": "restored from your last session"}.get(
+                          str(plan_data.get("source")), "—"), "source"),
+    ]
+    if skipped:
+        items.append(item("skipped", f"{len(skipped)} swaps could not be placed", "skipped",
+                          "bad"))
+    if sim.unknown_size_tensors:
+        items.append(item("unknown sizes", f"{len(sim.unknown_size_tensors)} tensors counted "
+                          "as 0 bytes", "unknown"))
+    return items
+
+
+def _editor(loaded: LoadedGraph, plan: Plan, tensor: str | None
+            ) -> tuple[Any, list[dict[str, Any]]]:
+    """Description of the selected swap's groups, and the group dropdown's options."""
+    swap = next((s for s in plan.swaps if s.tensor == tensor), None) if tensor else None
+    if swap is None:
+        hint = (f"{tensor} is recomputed (see below), not swapped." if tensor in
+                plan.recomputed() else f"{tensor} is not swapped." if tensor else
+                "Select a swapped tensor in the table to regroup its consumers or move a "
+                "swap-in's trigger.")
+        return html.P(hint, className="hint"), []
+    lv = lmscore.order(loaded.graph).levels
+    index = loaded.graph.index
+    items = []
+    options = []
+    for k, g in enumerate(swap.swap_ins):
+        levels = sorted({lv[index[c]] for c in g.consumers})
+        trig = (f"trigger {g.trigger} (level {lv[index[g.trigger]]})" if g.trigger
+                else "synchronous")
+        items.append(html.Li(f"swap-in {k}: {len(g.consumers)} consumer(s) at level(s) "
+                             f"{', '.join(map(str, levels[:6]))}{' …' if len(levels) > 6 else ''}"
+                             f"; {trig}"))
+        options.append({"label": f"swap-in {k}", "value": k})
+    return html.Div([html.B(swap.tensor), html.Ul(items)]), options
+
+
+def _names(names: tuple[str, ...], limit: int = 3) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _recompute_item(loaded: LoadedGraph, r: Recompute) -> Any:
+    """One recompute: the ops cloned, the consumers served, the trigger, with their levels."""
+    lv = lmscore.order(loaded.graph).levels
+    index = loaded.graph.index
+    levels = sorted({lv[index[c]] for c in r.consumers})
+    shown = ", ".join(map(str, levels[:6])) + (" …" if len(levels) > 6 else "")
+    return html.Li([
+        html.B(r.tensor),
+        f": clones {_names(r.ops)} for {len(r.consumers)} consumer(s) "
+        f"({_names(r.consumers)}) at level(s) {shown}; "
+        f"trigger {r.trigger} (level {lv[index[r.trigger]]})",
+    ])
+
+
+def recompute_list(loaded: LoadedGraph, plan: Plan) -> Any:
+    """The plan's recomputes, each with its clones, consumers and trigger."""
+    if not plan.recomputes:
+        return html.P("Nothing is recomputed. Click a row's recompute cell in the table to "
+                      "recompute its tensor for its far readers instead of keeping it.",
+                      className="hint")
+    items = [_recompute_item(loaded, r) for r in plan.recomputes[:MAX_LISTED]]
+    if len(plan.recomputes) > MAX_LISTED:
+        items.append(html.Li(f"… and {len(plan.recomputes) - MAX_LISTED} more",
+                             className="hint"))
+    return html.Ul(items)
+
+
+
+CONTROLS = ("batch", "budget", "device", "link", "workspace", "knob-threshold", "knob-ahead",
+             "knob-groupby", "knob-sync")
+
+
+
+def controls_values(settings: dict[str, Any]) -> list[Any]:
+    """Values of the form controls (:data:`CONTROLS`, in order) for ``settings``."""
+    knobs = {**default_settings(1)["knobs"], **settings.get("knobs", {})}
+    return [settings.get("batch"), settings.get("budget"), settings.get("device"),
+            settings.get("link"), settings.get("workspace", "accelerator"), knobs["threshold"],
+            knobs["ahead"], knobs["groupby"], knobs["sync_mode"]]
+
+
+def picker(graph_ref: dict[str, Any]) -> tuple[list[dict[str, str]], str]:
+    """Options and value of the graph picker for the session's graph."""
+    options = sample_options()
+    origin = str(graph_ref.get("origin", ""))
+    if origin.startswith("sample:"):
+        return options, origin
+    value = f"{origin}:{graph_ref.get('key', '')[:12]}"
+    label = f"{graph_ref.get('name', 'graph')} ({'uploaded' if origin == 'upload' else 'file'})"
+    return [{"label": label, "value": value}, *options], value

@@ -1,0 +1,196 @@
+"""The analysis a session's view needs, computed by lmscore and cached on the server.
+
+:class:`Base` is the original graph at one batch size (sizes, simulation, the ordering
+view's columns), :class:`After` a plan's evaluation (:func:`lmscore.evaluate.evaluate_plan`).
+Both are immutable and shared, through :attr:`lmsviz.state.AppContext.results`, by every
+session showing the same graph, batch and plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import lmscore
+from lmscore.evaluate import PlanEvaluation, evaluate_plan
+from lmscore.memory import Simulation
+from lmscore.plan import Plan, check_plan, empty_plan, plan_from_json, recompute_refused
+from lmscore.rewrite import Rewrite
+from lmscore.shapes import Sizes, resolve
+
+from . import figures
+from .state import AppContext, LoadedGraph
+
+
+@dataclass(frozen=True)
+class Base:
+    """The original graph at one batch size: sizes, simulation and the view's columns."""
+
+    loaded: LoadedGraph
+    batch: int
+    workspace: str
+    sizes: Sizes
+    sim: Simulation
+    ops: figures.OpTable
+    positions: tuple[np.ndarray, np.ndarray]
+    buffers: dict[str, tuple[int, int, int]]  # tensor -> (start level, end level, bytes)
+    # hotspot rows by level, filled on demand (shared, like the rest, by every session)
+    _live: dict[int, tuple[lmscore.LiveTensor, ...]] = field(
+        default_factory=dict, repr=False, compare=False)
+    _recompute: dict[tuple[str, int], str] = field(default_factory=dict, repr=False,
+                                                   compare=False)
+
+    def live(self, level: int) -> tuple[lmscore.LiveTensor, ...]:
+        """:func:`lmscore.hotspots` at ``level`` (remembered for up to 256 levels)."""
+        rows = self._live.get(level)
+        if rows is None:
+            rows = lmscore.hotspots(self.loaded.graph, self.sim, level, sizes=self.sizes)
+            if len(self._live) < 256:
+                self._live[level] = rows
+        return rows
+
+    def recompute_refused(self, tensor: str, ahead: int = 1) -> str:
+        """Why a hand edit would not recompute ``tensor`` ("" if it would).
+
+        The answer is :func:`lmscore.plan.recompute_refused`, :func:`lmscore.plan.add_recompute`'s
+        own (remembered for up to 4096 tensors).
+        """
+        key = (tensor, ahead)
+        reason = self._recompute.get(key)
+        if reason is None:
+            reason = recompute_refused(self.loaded.graph, tensor, threshold=1, ahead=ahead)
+            if len(self._recompute) < 4096:
+                self._recompute[key] = reason
+        return reason
+
+
+@dataclass(frozen=True)
+class After:
+    """A plan as edited, and its evaluation (:func:`lmscore.evaluate.evaluate_plan`)."""
+
+    plan: Plan
+    evaluation: PlanEvaluation
+    peak_level: int  # of the device curve on the original levels
+
+    @property
+    def rewrite(self) -> Rewrite:
+        """The rewritten step."""
+        return self.evaluation.rewrite
+
+    @property
+    def sim(self) -> Simulation:
+        """The rewritten step's simulation."""
+        return self.evaluation.after
+
+    @property
+    def device(self) -> tuple[int, ...]:
+        """Device curve on the original levels."""
+        return self.evaluation.device_curve
+
+    @property
+    def host(self) -> tuple[int, ...]:
+        """Host curve on the original levels."""
+        return self.evaluation.host_curve
+
+    @property
+    def swap_bytes(self) -> int:
+        """Bytes moved to host memory."""
+        return self.evaluation.swap_bytes
+
+
+def base_of(
+    app: AppContext, loaded: LoadedGraph, batch: int, workspace: str = "accelerator"
+) -> Base:
+    """Sizes, simulation and ordering-view columns of ``loaded`` at ``batch`` (cached).
+
+    ``workspace`` is the simulator's kernel-workspace model (``"accelerator"`` or ``"cpu"``).
+    """
+
+    def compute() -> Base:
+        graph = loaded.graph
+        ordering = lmscore.order(graph)
+        sizes = resolve(graph, batch)
+        sim = lmscore.simulate(graph, batch, sizes=sizes, workspace=workspace)
+        shapes = []
+        nbytes = []
+        for i, op in enumerate(graph.ops):
+            parts = []
+            for port, spec in enumerate(op.outputs):
+                shape = sizes.shapes[i][port]
+                dims = "?" if shape is None else "[" + ",".join(
+                    "?" if d < 0 else str(d) for d in shape) + "]"
+                parts.append(f"{dims} {spec.dtype}")
+            shapes.append(", ".join(parts[:4]) + (" …" if len(parts) > 4 else "") or "no outputs")
+            nbytes.append(sum(b for b in sizes.nbytes[i] if b > 0))
+        table = figures.OpTable(
+            names=[op.name for op in graph.ops], types=[op.type for op in graph.ops],
+            levels=ordering.levels, categories=ordering.categories, shapes=shapes,
+            nbytes=nbytes,
+        )
+        # kernel workspaces too: the table lists them, and a toggle of one must be refused
+        # as such, not as an unknown tensor
+        buffers = {t: (b.start, b.end, b.bytes) for b in sim.buffers
+                   for t in (b.tensor, *b.views)}
+        return Base(loaded, batch, workspace, sizes, sim, table,
+                    figures.op_positions(ordering.levels, ordering.categories), buffers)
+
+    return app.compute(("base", loaded.key, batch, workspace), compute,
+                       f"simulating {loaded.name} at batch {batch}", len(loaded.graph.ops))
+
+
+def plan_digest(plan_json: str | None) -> str:
+    """SHA-256 of a plan's JSON text (how plans are keyed in caches and tuner verdicts)."""
+    return hashlib.sha256((plan_json or "").encode()).hexdigest()
+
+
+def plan_of(app: AppContext, loaded: LoadedGraph, plan_json: str | None) -> Plan:
+    """The session's plan, parsed and checked against the graph (cached).
+
+    Raises
+    ------
+    PlanError
+        If the JSON is not a plan for this graph.
+    """
+    if not plan_json:
+        return empty_plan(loaded.graph)
+    digest = plan_digest(plan_json)
+
+    def compute() -> Plan:
+        plan = plan_from_json(plan_json)
+        check_plan(loaded.graph, plan)
+        return plan
+
+    return app.compute(("plan", loaded.key, digest), compute, "checking the plan")
+
+
+def after_of(app: AppContext, base: Base, plan: Plan, digest: str | None = None
+             ) -> After | None:
+    """The rewrite of ``plan`` and its simulation (cached); None for an empty plan.
+
+    ``digest`` identifies the plan in the cache (default: the SHA-256 of its JSON).
+    """
+    if plan.changes_nothing():
+        return None
+    digest = digest or plan_digest(plan.to_json())
+
+    def compute() -> After:
+        ev = evaluate_plan(base.loaded.graph, plan, base.batch, workspace=base.workspace,
+                           before=base.sim, sizes=base.sizes)
+        return After(plan, ev, int(np.argmax(ev.device_curve)) if ev.device_curve else 0)
+
+    return app.compute(("after", base.loaded.key, base.batch, base.workspace, digest), compute,
+                       "simulating the plan", len(base.loaded.graph.ops))
+
+
+
+def live_row(base: Base, tensor: str) -> lmscore.LiveTensor | None:
+    """The hotspot row of ``tensor`` at its producer's level (its verdict on swapping)."""
+    span = base.buffers.get(tensor)
+    if span is None:
+        return None
+    for row in base.live(span[0]):
+        if tensor in (row.tensor, row.swap_tensor):
+            return row
+    return None
