@@ -1110,26 +1110,44 @@ def add_swap(
 
 
 def regroup(graph: Graph, plan: Plan, tensor: str, groups: Sequence[Sequence[str]]) -> Plan:
-    """Replace the consumer groups of ``tensor``.
+    """Replace the consumer groups of ``tensor``; each new group gets its own trigger.
 
-    A new group keeps the trigger of an old group it shares a consumer with, the first
-    such trigger that can still start it (it runs after the producer and reaches the new
-    group's first consumer); a group no old trigger fits is swapped in synchronously.
+    A new group holding an old group's first consumer keeps that group's trigger if it can
+    still start it (it runs after the producer and reaches the new group's first
+    consumer). Any other group is triggered as far ahead of its own first consumer as the
+    old group it shares a consumer with was (:func:`find_trigger`), or synchronously if
+    that group was: an old trigger kept for a later group would bring the tensor back long
+    before it is read. A group no old one shares a consumer with is synchronous.
     """
     old = _swap_of(plan, tensor)
     lv = order(graph).levels
-    producer = graph.index.get(split_tensor(tensor)[0])
-    triggers = {c: g.trigger for g in old.swap_ins if g.trigger is not None for c in g.consumers}
+    idx = graph.index
+    producer = idx.get(split_tensor(tensor)[0])
+    # consumer -> (the old group's trigger, its lead in levels, whether it was the first)
+    was: dict[str, tuple[str | None, int, bool]] = {}
+    for g in old.swap_ins:
+        known = [c for c in g.consumers if c in idx]
+        if not known:
+            continue
+        first = min(known, key=lambda c: (lv[idx[c]], idx[c]))
+        lead = (lv[idx[first]] - lv[idx[g.trigger]]
+                if g.trigger is not None and g.trigger in idx else 0)
+        for c in known:
+            was.setdefault(c, (g.trigger, lead, c == first))
 
     def trigger_for(consumers: tuple[str, ...]) -> str | None:
-        if producer is None or not consumers or any(c not in graph.index for c in consumers):
+        if producer is None or not consumers or any(c not in idx for c in consumers):
             return None  # check_plan names the problem
-        for c in consumers:
-            t = triggers.get(c)
-            if t is not None and t in graph.index and not _trigger_problem(
+        for c in consumers:  # an old group's first consumer: its trigger stays
+            t, _, first = was.get(c, (None, 0, False))
+            if first and t is not None and t in idx and not _trigger_problem(
                     graph, lv, producer, SwapIn(consumers, t)):
                 return t
-        return None
+        shared = next((was[c] for c in consumers if c in was), None)
+        if shared is None or shared[0] is None:
+            return None
+        return find_trigger(graph, tensor, consumers, max(shared[1], 1),
+                            DEFAULT_TRIGGER_WINDOW)
 
     swap = Swap(tensor, tuple(SwapIn(tuple(g), trigger_for(tuple(g))) for g in groups))
     new = replace(plan, swaps=tuple(swap if s.tensor == tensor else s for s in plan.swaps))
