@@ -11,17 +11,62 @@ The public API, importable without TensorFlow::
     best = lmscore.tune(graph, 512, 16 * 2**30)  # the fastest plan that fits
 """
 
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import Any
+
 from .errors import ConfigError, GraphError, LmsError, PlanError, RunError
-from .export import SwappedStep, save_rewritten_saved_model, swap, to_graphdef, write_graphdef
 from .ir import Graph, Op, TensorSpec, lint
-from .keras_fit import SwapFit, swap_fit
 from .load import from_function, from_graphdef_bytes, from_keras, load
 from .memory import Buffer, LiveTensor, Simulation, hotspots, live_at, simulate
 from .order import CATEGORIES, Ordering, levels, order
-from .plan import Plan, Swap, SwapIn, check_plan, load_plan, plan_from_params, save_plan
-from .rewrite import Rewrite, rewrite
 from .shapes import Sizes, resolve
-from .tune import DEVICES, LINKS, TuneResult, max_batch, tune
+
+#: Names imported from their module on first use: planning, rewriting, tuning and export
+#: pull in numpy and more (a tenth of a second), which ``lms inspect`` never needs.
+_LAZY = {
+    "SwappedStep": "export", "save_rewritten_saved_model": "export", "swap": "export",
+    "to_graphdef": "export", "write_graphdef": "export",
+    "SwapFit": "keras_fit", "swap_fit": "keras_fit",
+    "Plan": "plan", "Swap": "plan", "SwapIn": "plan", "check_plan": "plan",
+    "load_plan": "plan", "plan_from_params": "plan", "save_plan": "plan",
+    "Rewrite": "rewrite", "rewrite": "rewrite",
+    "DEVICES": "tune", "LINKS": "tune", "TuneResult": "tune", "max_batch": "tune",
+    "tune": "tune",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    setattr(sys.modules[__name__], name, value)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+class _Package(types.ModuleType):
+    """The package, whose functions keep the names of the modules they live in.
+
+    Importing a submodule binds it on its package; ``lmscore.tune`` and ``lmscore.rewrite``
+    (like ``load`` and ``order``) are the functions, whichever is imported first.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and name in _SHADOWED:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+_SHADOWED = frozenset({"load", "order", "rewrite", "tune"})
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "CATEGORIES", "DEVICES", "LINKS", "Buffer", "ConfigError", "Graph", "GraphError",
