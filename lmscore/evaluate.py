@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .ir import Graph, split_tensor
-from .memory import Simulation, fits, simulate
+from .memory import Buffer, Simulation, fits, simulate
 from .order import order
 from .plan import Plan
 from .rewrite import Rewrite, rewrite
@@ -70,6 +70,196 @@ class PlanEvaluation:
         """Whether the rewritten step fits a device of ``device_bytes``: :func:`fits`."""
         return fits(self.after, device_bytes, safety, host_bytes)
 
+    @functools.cached_property
+    def level_positions(self) -> tuple[int, ...]:
+        """For each original level, the rewritten step's schedule position drawn there.
+
+        :attr:`device_curve` shows at an original level the largest device peak of the
+        rewritten levels whose ops count there; this is that peak's position in
+        ``after``'s schedule (-1 for a level no op counts at).
+        """
+        new_level, old_level = original_levels(self.graph, self.rewrite)
+        value = np.asarray(self.after.device_curve, dtype=np.int64)[new_level]
+        order_ = np.lexsort((value, old_level))  # by level, the largest value last
+        last = np.r_[np.flatnonzero(np.diff(old_level[order_])), len(order_) - 1]
+        best = order_[last] if len(order_) else np.empty(0, dtype=np.int64)
+        peak_pos = np.asarray(self.after.level_peak_position, dtype=np.int64)
+        out = np.full(len(self.device_curve), -1, dtype=np.int64)
+        out[old_level[best]] = peak_pos[new_level[best]]
+        return tuple(out.tolist())
+
+    def on_device(self, level: int | None = None) -> tuple[Resident, ...]:
+        """What the rewritten step really holds on the device, largest first.
+
+        Parameters
+        ----------
+        level : int, optional
+            A level of the original graph (where :attr:`device_curve` draws it); default
+            the rewritten step's peak.
+
+        Returns
+        -------
+        tuple of Resident
+            Swapped tensors are gone once swapped out; swap-ins and recomputed tensors are
+            there while their readers need them. Persistent memory and feeds are not
+            listed (``after.persistent_bytes``, ``after.input_bytes``).
+        """
+        if level is None:
+            pos = self.after.peak_position
+        elif 0 <= level < len(self.level_positions):
+            pos = self.level_positions[level]
+        else:
+            return ()
+        if pos < 0:
+            return ()
+        live = [b for b in self.after.buffers if _live_at_position(b, pos)]
+        live.sort(key=lambda b: -b.bytes)
+        return tuple(resident(self.rewrite.graph, b) for b in live)
+
+    def dominant(self, k: int = 3) -> tuple[tuple[Resident, ...], ...]:
+        """The ``k`` largest residents at each original level (:meth:`on_device`'s first ``k``)."""
+        return top_residents(self.rewrite.graph, self.after, self.level_positions, k)
+
+
+#: What a device buffer of a rewritten step is (:attr:`Resident.kind`).
+KEPT, SWAP_IN, RECOMPUTED, WORKSPACE = "kept", "swap-in", "recomputed", "workspace"
+
+
+@dataclass(frozen=True)
+class Resident:
+    """A buffer on the device, said in the original graph's terms.
+
+    Attributes
+    ----------
+    tensor : str
+        The buffer's tensor in the (rewritten) graph simulated.
+    bytes : int
+    kind : {"kept", "swap-in", "recomputed", "workspace"}
+        An original tensor, a swap-in's copy, a recomputing clone's output, or memory that
+        is no tensor of the graph (a kernel's workspace, a loop's results).
+    of : str
+        The original tensor it holds: the tensor itself when kept, the swapped tensor for a
+        swap-in, the clone's original output when recomputed ("" for a workspace).
+    serves : str
+        For a clone: the recomputed tensor it is computed for (it may be an intermediate).
+    """
+
+    tensor: str
+    bytes: int
+    kind: str
+    of: str
+    serves: str = ""
+
+    @property
+    def what(self) -> str:
+        """One phrase: ``"kept a:0"``, ``"swap-in of a:0"``, ``"recomputed a:0"``.
+
+        >>> Resident("lms/swapin_a_0_0:0", 8, SWAP_IN, "a:0").what
+        'swap-in of a:0'
+        >>> Resident("lms/recompute_b_0/a:0", 8, RECOMPUTED, "a:0", "b:0").what
+        'recomputed a:0 (for b:0)'
+        """
+        if self.kind == SWAP_IN:
+            return f"swap-in of {self.of}"
+        if self.kind == RECOMPUTED:
+            return f"recomputed {self.of}" + (f" (for {self.serves})"
+                                              if self.serves and self.serves != self.of else "")
+        if self.kind == WORKSPACE:
+            return self.tensor
+        return f"kept {self.of}"
+
+
+def _live_at_position(b: Buffer, pos: int) -> bool:
+    """Whether a device buffer is allocated at schedule position ``pos`` (as :func:`live_at`)."""
+    return not b.host and (b.first == pos if b.scratch else b.first <= pos <= b.last)
+
+
+def resident(graph: Graph, b: Buffer) -> Resident:
+    """A simulated buffer of ``graph`` (original or rewritten) as a :class:`Resident`."""
+    name, port = split_tensor(b.tensor)
+    i = graph.index.get(name)
+    if b.scratch or i is None:
+        return Resident(b.tensor, b.bytes, WORKSPACE, "")
+    attrs = graph.ops[i].attrs
+    if attrs.get("_lms_role") == "swap_in":
+        return Resident(b.tensor, b.bytes, SWAP_IN, str(attrs["_lms_tensor"]))
+    if "_lms_clone_of" in attrs:
+        serves = str(attrs.get("_lms_tensor", ""))
+        of = f"{attrs['_lms_clone_of']}:{port}"
+        for view in b.views:  # the recomputed tensor itself may be an in-place result
+            vname, vport = split_tensor(view)
+            j = graph.index.get(vname)
+            if j is not None and f"{graph.ops[j].attrs.get('_lms_clone_of')}:{vport}" == serves:
+                of = serves
+        return Resident(b.tensor, b.bytes, RECOMPUTED, of, serves)
+    return Resident(b.tensor, b.bytes, KEPT, b.tensor)
+
+
+def top_residents(
+    graph: Graph, sim: Simulation, positions: tuple[int, ...] | list[int], k: int = 3
+) -> tuple[tuple[Resident, ...], ...]:
+    """The ``k`` largest device buffers alive at each of ``positions``, largest first.
+
+    One pass over the buffers from the largest down, filling every position that still has
+    room, so the cost does not grow with ``positions x buffers``.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph ``sim`` simulated.
+    sim : Simulation
+    positions : sequence of int
+        Schedule positions (``sim.level_peak_position`` for its own levels); -1 gives ().
+    k : int
+
+    Returns
+    -------
+    tuple of tuple of Resident
+        One tuple per position.
+    """
+    pos = np.asarray(positions, dtype=np.int64)
+    m = len(pos)
+    picked = np.full((m, max(k, 0)), -1, dtype=np.int64)
+    count = np.zeros(m, dtype=np.int64)
+    count[pos < 0] = k
+    by_pos = np.argsort(pos, kind="stable")
+    sorted_pos = pos[by_pos]
+    bufs = [b for b in sim.buffers if not b.host and b.bytes > 0]
+    bufs.sort(key=lambda b: -b.bytes)
+    full = int((count >= k).sum())
+    for n, b in enumerate(bufs):
+        if full >= m:
+            break
+        hi_pos = b.first if b.scratch else b.last
+        lo = int(np.searchsorted(sorted_pos, b.first, "left"))
+        hi = int(np.searchsorted(sorted_pos, hi_pos, "right"))
+        if lo >= hi:
+            continue
+        sel = by_pos[lo:hi]
+        sel = sel[count[sel] < k]
+        if len(sel):
+            picked[sel, count[sel]] = n
+            count[sel] += 1
+            full += int((count[sel] >= k).sum())
+    cache: dict[int, Resident] = {}
+
+    def one(n: int) -> Resident:
+        r = cache.get(n)
+        if r is None:
+            r = cache[n] = resident(graph, bufs[n])
+        return r
+
+    return tuple(tuple(one(int(n)) for n in row if n >= 0) for row in picked)
+
+
+def dominant_by_level(graph: Graph, sim: Simulation, k: int = 3
+                      ) -> tuple[tuple[Resident, ...], ...]:
+    """The ``k`` largest device buffers at each level's peak of ``sim`` (a step of ``graph``).
+
+    For the unmodified step; a plan's are :meth:`PlanEvaluation.dominant`.
+    """
+    return top_residents(graph, sim, sim.level_peak_position, k)
+
 
 def evaluate_plan(
     graph: Graph,
@@ -124,11 +314,32 @@ def project_to_original_levels(
     counts at its producer's level, a swap-in and a recomputing clone at the level of the
     first consumer they serve.
     """
+    new_level, old_level = original_levels(graph, rw)
+    dev1 = np.asarray(sim.device_curve, dtype=np.int64)
+    host1 = np.asarray(sim.host_curve, dtype=np.int64)
+    n = len(order(graph).by_level)
+    device = np.zeros(n, dtype=np.int64)
+    host = np.zeros(n, dtype=np.int64)
+    np.maximum.at(device, old_level, dev1[new_level])
+    np.maximum.at(host, old_level, host1[new_level])
+    return tuple(device.tolist()), tuple(host.tolist())
+
+
+def original_levels(graph: Graph, rw: Rewrite) -> tuple[np.ndarray, np.ndarray]:
+    """Each op of a rewritten graph: its level there, and where it counts on the original.
+
+    An op of the original graph counts at its own level; a swap-out at its producer's, a
+    swap-in and a recomputing clone at the level of the first consumer they serve (see
+    :func:`project_to_original_levels`).
+
+    Returns
+    -------
+    new_level, old_level : ndarray of int64
+        Indexed like ``rw.graph.ops``.
+    """
     lv0 = order(graph).levels
     lv1 = order(rw.graph).levels
     index0 = graph.index
-    dev1 = np.asarray(sim.device_curve, dtype=np.int64)
-    host1 = np.asarray(sim.host_curve, dtype=np.int64)
     new_level = np.empty(len(rw.graph.ops), dtype=np.int64)
     old_level = np.empty(len(rw.graph.ops), dtype=np.int64)
     consumers = rw.graph.adjacency.consumers
@@ -148,9 +359,4 @@ def project_to_original_levels(
                    if rw.graph.ops[c].name in index0]
         old_level[j] = min((lv0[c] for c in readers), default=lv0[producer]) if (
             op.attrs.get("_lms_role") == "swap_in") else lv0[producer]
-    n = len(order(graph).by_level)
-    device = np.zeros(n, dtype=np.int64)
-    host = np.zeros(n, dtype=np.int64)
-    np.maximum.at(device, old_level, dev1[new_level])
-    np.maximum.at(host, old_level, host1[new_level])
-    return tuple(device.tolist()), tuple(host.tolist())
+    return new_level, old_level

@@ -1,0 +1,277 @@
+"""Plans side by side, and a step's memory against its batch size.
+
+:func:`compare_plans` evaluates several plans of one step at one batch size (the
+unplanned step, the plan being edited, a saved one) with the one evaluation
+(:func:`lmscore.evaluate.evaluate_plan`) and the tuner's time model
+(:func:`lmscore.tune.plan_seconds`), so a plan made from the knobs or by hand gets a
+predicted overhead too. :func:`batch_sweep` simulates the step over batch sizes and finds
+the largest that fits a device (:func:`lmscore.memory.fits`) and the bound no plan can
+pass (:func:`lmscore.tune.bound_batch`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .evaluate import PlanEvaluation, evaluate_plan
+from .ir import Graph
+from .memory import Simulation, fits, simulate
+from .plan import Plan
+from .shapes import Sizes, resolve
+from .tune import DEVICES, _max_true, bound_batch, op_seconds, plan_seconds, preset
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """One plan of a comparison (:func:`compare_plans`).
+
+    Attributes
+    ----------
+    name : str
+        What the caller called it ("no plan", "current", a file name).
+    peak_bytes, peak_level : int
+        The rewritten step's device peak, and the original level it is drawn at.
+    host_peak_bytes : int
+    swapped_tensors, swap_bytes : int
+        Tensors moved to host memory and their bytes.
+    recomputed_tensors, cloned_ops, recompute_bytes : int
+        Tensors recomputed, the ops cloned for them and the bytes those clones produce.
+    base_seconds, step_seconds : float
+        Predicted step time of the unplanned step and of this one (the tuner's model).
+    overhead : float
+        ``step_seconds / base_seconds - 1``, at least 0.
+    fits : bool or None
+        Whether it fits ``device_bytes`` (None when no device size was given).
+    device_curve, host_curve : tuple of int
+        Curves over the original graph's levels.
+    skipped : int
+        Swaps the rewrite could not place.
+    """
+
+    name: str
+    peak_bytes: int
+    peak_level: int
+    host_peak_bytes: int
+    swapped_tensors: int
+    swap_bytes: int
+    recomputed_tensors: int
+    cloned_ops: int
+    recompute_bytes: int
+    base_seconds: float
+    step_seconds: float
+    overhead: float
+    fits: bool | None
+    device_curve: tuple[int, ...]
+    host_curve: tuple[int, ...]
+    skipped: int = 0
+
+
+def summarize(name: str, ev: PlanEvaluation, seconds: tuple[float, float],
+              device_bytes: int | None = None, safety: float = 1.0) -> PlanSummary:
+    """A :class:`PlanSummary` of one evaluation and its ``(base, planned)`` step seconds."""
+    clones = set(ev.rewrite.clones)
+    graph = ev.rewrite.graph
+    recompute_bytes = sum(b.bytes for b in ev.after.buffers
+                          if not b.host and graph.ops[b.producer].name in clones)
+    curve = ev.device_curve
+    base, planned = seconds
+    return PlanSummary(
+        name=name, peak_bytes=ev.after.peak_bytes,
+        peak_level=max(range(len(curve)), key=curve.__getitem__) if curve else 0,
+        host_peak_bytes=ev.after.host_peak_bytes, swapped_tensors=len(ev.plan.swaps),
+        swap_bytes=ev.swap_bytes, recomputed_tensors=len(ev.plan.recomputes),
+        cloned_ops=len(ev.rewrite.clones), recompute_bytes=recompute_bytes,
+        base_seconds=base, step_seconds=planned,
+        overhead=max(0.0, planned / base - 1) if base else 0.0,
+        fits=None if device_bytes is None else ev.fits(device_bytes, safety),
+        device_curve=curve, host_curve=ev.host_curve, skipped=len(ev.rewrite.skipped),
+    )
+
+
+def compare_plans(
+    graph: Graph,
+    plans: Mapping[str, Plan],
+    batch_size: int,
+    *,
+    device: str = "V100",
+    link: str = "pcie3",
+    workspace: str = "accelerator",
+    device_bytes: int | None = None,
+    safety: float = 1.0,
+    sizes: Sizes | None = None,
+    before: Simulation | None = None,
+) -> tuple[PlanSummary, ...]:
+    """Evaluate each plan of ``graph`` at ``batch_size`` and predict its step time.
+
+    Parameters
+    ----------
+    graph : Graph
+    plans : mapping of str to Plan
+        Names and plans, in the order wanted (an empty plan is the unplanned step).
+    batch_size : int
+    device, link : str
+        Presets of the tuner's time model (:func:`lmscore.tune.plan_seconds`).
+    workspace : str
+        Kernel workspace model of the simulations.
+    device_bytes : int, optional
+        Device memory each plan is checked against (:func:`lmscore.memory.fits`).
+    safety : float
+        Fraction of the free device memory the step may use.
+    sizes, before : optional
+        The original step's sizes and simulation at this batch, if the caller has them.
+
+    Returns
+    -------
+    tuple of PlanSummary
+        In the order of ``plans``.
+
+    Raises
+    ------
+    PlanError
+        If a plan is not a plan of ``graph``.
+    ConfigError
+        For an unknown preset.
+    """
+    if sizes is None:
+        sizes = resolve(graph, batch_size)
+    if before is None:
+        before = simulate(graph, batch_size, sizes=sizes, workspace=workspace)
+    out = []
+    for name, plan in plans.items():
+        ev = evaluate_plan(graph, plan, batch_size, workspace=workspace, before=before,
+                           sizes=sizes)
+        secs = plan_seconds(graph, plan, batch_size, device=device, link=link,
+                            workspace=workspace)
+        out.append(summarize(name, ev, secs, device_bytes, safety))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class BatchSweep:
+    """A step's peak memory and step time against its batch size (:func:`batch_sweep`).
+
+    Attributes
+    ----------
+    batches : tuple of int
+        Batch sizes, increasing.
+    peak_bytes : tuple of int
+        Simulated device peak of the unplanned step at each.
+    step_seconds : tuple of float
+        Its predicted step time (the tuner's model, ``device`` preset).
+    plan_peak_bytes : tuple of int, optional
+        Device peak with the given plan applied at each batch.
+    device_bytes : int
+        The device memory the step must fit.
+    safety : float
+    max_without : int
+        Largest batch the unplanned step fits (0: not even batch 1).
+    max_with_plan : int
+        Largest batch of ``batches`` at which the plan fits (0 without a plan or none).
+    bound : int
+        Largest batch any plan could fit (:func:`lmscore.tune.bound_batch`; 0 when not
+        asked for).
+    bound_op : str
+        The op whose working set sets that bound.
+    """
+
+    batches: tuple[int, ...]
+    peak_bytes: tuple[int, ...]
+    step_seconds: tuple[float, ...]
+    plan_peak_bytes: tuple[int, ...] | None
+    device_bytes: int
+    safety: float
+    max_without: int
+    max_with_plan: int = 0
+    bound: int = 0
+    bound_op: str = ""
+
+
+def batch_grid(top: int, points: int = 10, extra: Sequence[int] = ()) -> tuple[int, ...]:
+    """About ``points`` batch sizes from 1 to ``top``, spaced geometrically, plus ``extra``.
+
+    >>> batch_grid(100, 5)
+    (1, 3, 10, 32, 100)
+    >>> batch_grid(8, 20, extra=(5,))
+    (1, 2, 3, 4, 5, 6, 7, 8)
+    """
+    top = max(int(top), 1)
+    n = max(points, 2)
+    grid = {max(1, round(top ** (k / (n - 1)))) for k in range(n)}
+    grid.update(int(b) for b in extra if 1 <= int(b) <= top)
+    return tuple(sorted(grid))
+
+
+def batch_sweep(
+    graph: Graph,
+    device_bytes: int,
+    *,
+    plan: Plan | None = None,
+    batches: Sequence[int] | None = None,
+    safety: float = 1.0,
+    device: str = "V100",
+    workspace: str = "accelerator",
+    limit: int = 1 << 16,
+    bound: bool = True,
+    points: int = 10,
+) -> BatchSweep:
+    """Simulate ``graph`` over batch sizes against a device of ``device_bytes``.
+
+    Parameters
+    ----------
+    graph : Graph
+    device_bytes : int
+        Device memory (the budget line).
+    plan : Plan, optional
+        A plan of ``graph`` also evaluated at every batch (a plan names tensors, so it
+        applies at any batch; where it swaps is what was chosen at its own batch).
+    batches : sequence of int, optional
+        Default: :func:`batch_grid` up to twice the largest batch that fits unplanned
+        (and past the bound), with that batch and the next one included.
+    safety : float
+        Fraction of the free device memory the step may use (:func:`lmscore.memory.fits`).
+    device : str
+        Preset of the time model.
+    workspace : str
+    limit : int
+        Largest batch tried when searching.
+    bound : bool
+        Also find the batch no plan can pass (:func:`lmscore.tune.bound_batch`).
+    points : int
+        Batch sizes of the default grid.
+
+    Returns
+    -------
+    BatchSweep
+    """
+    dev = DEVICES[preset(device, DEVICES, "device")]
+    memo: dict[int, tuple[Sizes, Simulation]] = {}
+
+    def at(b: int) -> tuple[Sizes, Simulation]:
+        if b not in memo:
+            sizes = resolve(graph, b)
+            memo[b] = sizes, simulate(graph, b, sizes=sizes, workspace=workspace)
+        return memo[b]
+
+    without = _max_true(lambda b: fits(at(b)[1], device_bytes, safety), limit)
+    bound_b, bound_op = (bound_batch(graph, device_bytes, device=device, safety=safety,
+                                     workspace=workspace, limit=limit) if bound else (0, ""))
+    # the bound counts a feed an op reads twice (as its input and as held by the caller),
+    # so on small steps it can fall below a batch that fits: no plan is needed up to there
+    bound_b = max(bound_b, without) if bound else 0
+    if batches is None:
+        top = min(max(2 * without, 2, bound_b + bound_b // 4), limit)
+        batches = batch_grid(top, points, (without, without + 1))
+    grid = tuple(sorted({int(b) for b in batches if int(b) >= 1}))
+    peaks = tuple(at(b)[1].peak_bytes for b in grid)
+    seconds = tuple(float(sum(op_seconds(graph, at(b)[0], dev))) for b in grid)
+    plan_peaks = None
+    best = 0
+    if plan is not None:
+        evs = [evaluate_plan(graph, plan, b, workspace=workspace, before=at(b)[1],
+                             sizes=at(b)[0]) for b in grid]
+        plan_peaks = tuple(ev.after.peak_bytes for ev in evs)
+        best = max((b for b, ev in zip(grid, evs, strict=True) if ev.fits(device_bytes, safety)),
+                   default=0)
+    return BatchSweep(grid, peaks, seconds, plan_peaks, device_bytes, safety, without, best,
+                      bound_b, bound_op)
