@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 import plotly.graph_objects as go
@@ -33,6 +34,9 @@ LANE_COLORS = {
 #: Above this many ops the ordering view shows one point per (level bin, category).
 MAX_POINTS = 20_000
 MIB = 2**20
+#: Lane labels on the y-axis (clones are drawn in the swap lane when zoomed in).
+LANE_LABELS = [*CATEGORIES, "swap · recompute"]
+RECOMPUTE_COLOR = "#059669"
 
 # Fixed trace positions of the studio figure.
 T_SWAP_EDGES = len(CATEGORIES)
@@ -43,7 +47,21 @@ T_AFTER = T_SWAP_EDGES + 4
 T_HOST = T_SWAP_EDGES + 5
 T_BUDGET = T_SWAP_EDGES + 6
 T_PEAKS = T_SWAP_EDGES + 7
-N_TRACES = T_PEAKS + 1
+# the level window drawn op by op (:func:`window_traces`), on top of everything
+T_DETAIL_EDGES = T_PEAKS + 1
+T_DETAIL_RECOMPUTE = T_PEAKS + 2
+T_DETAIL_EDGE_HOVER = T_PEAKS + 3
+T_DETAIL_OPS = T_PEAKS + 4
+T_DETAIL_MARKS = T_PEAKS + 5
+N_TRACES = T_DETAIL_MARKS + 1
+#: A window of at most this many ops is drawn op by op; a wider one stays aggregated.
+DETAIL_MAX_OPS = 3000
+#: At most this many data edges of a window are drawn (the largest tensors first).
+DETAIL_MAX_EDGES = 4000
+#: Op names are written next to their points when the window spans at most this many
+#: levels and holds at most :data:`LABEL_MAX_OPS` ops.
+LABEL_MAX_LEVELS = 60
+LABEL_MAX_OPS = 400
 
 
 @dataclass(frozen=True)
@@ -90,6 +108,8 @@ class Curves:
         ``(level, bytes)`` of each peak.
     budget : int, optional
         Device budget in bytes.
+    hover_before, hover_after : sequence of str, optional
+        Per level, what dominates it (:func:`level_hover`), shown on hover of each curve.
     """
 
     before: Sequence[int]
@@ -98,6 +118,8 @@ class Curves:
     peak_before: tuple[int, int] | None = None
     peak_after: tuple[int, int] | None = None
     budget: int | None = None
+    hover_before: Sequence[str] | None = None
+    hover_after: Sequence[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -110,11 +132,50 @@ class SwapDraw:
     producer : int
     groups : tuple of (tuple of int, int or None)
         For each swap-in, the consumers it serves and its trigger (None: synchronous).
+    nbytes : int
+        The tensor's size (shown on hover; 0 when not given).
     """
 
     tensor: str
     producer: int
     groups: tuple[tuple[tuple[int, ...], int | None], ...] = field(default_factory=tuple)
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class RecomputeDraw:
+    """One recomputed tensor as drawn: the clones, what they read, whom they serve.
+
+    Attributes
+    ----------
+    tensor : str
+    clones : tuple of str
+        Names of the original ops cloned, in the order they run.
+    inputs : tuple of int
+        Op indices of the kept tensors' producers that the clones read.
+    consumers : tuple of int
+        Op indices of the readers served by the recomputed tensor.
+    trigger : int
+        Op index after which the clones run.
+    nbytes : int
+        The tensor's size.
+    """
+
+    tensor: str
+    clones: tuple[str, ...]
+    inputs: tuple[int, ...]
+    consumers: tuple[int, ...]
+    trigger: int
+    nbytes: int = 0
+
+
+class Edges(Protocol):
+    """Data edges as parallel arrays (:class:`lmscore.browse.DataEdges` is one)."""
+
+    src: np.ndarray
+    port: np.ndarray
+    dst: np.ndarray
+    nbytes: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -154,6 +215,102 @@ def format_mib(n: float) -> str:
     return f"{n / MIB:.1f} MiB"
 
 
+def format_size(n: float) -> str:
+    """Bytes in the unit their magnitude calls for (B, KiB, MiB, GiB, TiB).
+
+    >>> format_size(512), format_size(3 * 2**10), format_size(40_000 * 2**20)
+    ('512 B', '3.0 KiB', '39.06 GiB')
+    """
+    a = abs(n)
+    for unit, scale, digits in (("TiB", 2**40, 2), ("GiB", 2**30, 2), ("MiB", 2**20, 1),
+                                ("KiB", 2**10, 1)):
+        if a >= scale:
+            return f"{n / scale:.{digits}f} {unit}"
+    return f"{int(n)} B"
+
+
+def short_name(name: str, width: int = 28) -> str:
+    """The tail of a long op or tensor name, as a label next to its point.
+
+    >>> short_name("model/block1/conv/Conv2D:0"), short_name("a" * 40, 10)
+    ('block1/conv/Conv2D:0', '…aaaaaaaaa')
+    """
+    parts = name.split("/")
+    tail = "/".join(parts[-3:])
+    return tail if len(tail) <= width else "…" + name[-(width - 1):]
+
+
+def memory_ticks(top_mib: float, target: int = 6) -> tuple[list[float], list[str]]:
+    """Tick positions (in MiB, the memory row's unit) and labels in a unit fit for ``top``.
+
+    GiB from 2 GiB up, KiB under 1 MiB, MiB between; steps of 1, 2, 2.5 or 5 times a
+    power of ten of that unit, at most ``target`` intervals.
+
+    >>> memory_ticks(40_960)
+    ([0.0, 10240.0, 20480.0, 30720.0, 40960.0], ['0', '10 GiB', '20 GiB', '30 GiB', '40 GiB'])
+    >>> memory_ticks(300)[1]
+    ['0', '50 MiB', '100 MiB', '150 MiB', '200 MiB', '250 MiB', '300 MiB']
+    >>> memory_ticks(0.5)[1][:3]
+    ['0', '100 KiB', '200 KiB']
+    """
+    top_mib = max(float(top_mib), 1e-6)
+    if top_mib >= 2048:
+        unit, per = "GiB", 1024.0
+    elif top_mib >= 1:
+        unit, per = "MiB", 1.0
+    else:
+        unit, per = "KiB", 1 / 1024
+    top = top_mib / per
+    step = 1.0
+    for e in range(-3, 12):
+        for m in (1, 2, 2.5, 5):
+            step = m * 10.0 ** e
+            if top / step <= target:
+                break
+        else:
+            continue
+        break
+    vals = [k * step for k in range(int(top / step + 1e-9) + 1)]
+    text = ["0" if v == 0 else f"{v:g} {unit}" for v in vals]
+    return [round(v * per, 6) for v in vals], text
+
+
+def memory_axis(curves: Curves) -> dict[str, Any]:
+    """The memory row's y-axis: its range (:func:`memory_range`) and human-unit ticks."""
+    rng = memory_range(curves)
+    vals, text = memory_ticks(rng[1])
+    return {"range": rng, "tickvals": vals, "ticktext": text, "tickmode": "array"}
+
+
+def level_hover(values: Sequence[int], tops: Sequence[Sequence[tuple[str, int]]] | None,
+                fixed: int = 0, label: str = "device") -> list[str]:
+    """Hover text of a memory curve: each level's total and what dominates it.
+
+    Parameters
+    ----------
+    values : sequence of int
+        The curve, bytes per level.
+    tops : sequence of sequence of (str, int), optional
+        Per level, the largest buffers as ``(what, bytes)``
+        (:meth:`lmscore.evaluate.PlanEvaluation.dominant`).
+    fixed : int
+        Persistent memory and feeds, held at every level.
+    label : str
+
+    >>> level_hover([3 * 2**20], [[("kept a:0", 2 * 2**20)]], 2**20)
+    ['device, level 0: 3.0 MiB<br>kept a:0: 2.0 MiB<br>persistent + inputs: 1.0 MiB']
+    """
+    out = []
+    for lvl, v in enumerate(values):
+        lines = [f"{label}, level {lvl}: {format_size(v)}"]
+        if tops is not None and lvl < len(tops):
+            lines += [f"{short_name(w, 48)}: {format_size(b)}" for w, b in tops[lvl]]
+        if fixed:
+            lines.append(f"persistent + inputs: {format_size(fixed)}")
+        out.append("<br>".join(lines))
+    return out
+
+
 def op_positions(levels: Sequence[int], categories: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """Coordinates of every op: x is its level, y its lane plus a spread within the lane.
 
@@ -162,7 +319,7 @@ def op_positions(levels: Sequence[int], categories: Sequence[str]) -> tuple[np.n
 
     >>> x, y = op_positions([0, 0, 1], ["input", "input", "forward"])
     >>> x.tolist(), [round(v, 3) for v in y.tolist()]
-    ([0, 0, 1], [-0.175, 0.175, 2.0])
+    ([0, 0, 1], [-0.35, 0.35, 2.0])
     """
     lv = np.asarray(levels, dtype=np.int64)
     lane = np.array([LANES.index(c) for c in categories], dtype=np.int64)
@@ -285,60 +442,120 @@ def _segments(pairs: list[tuple[float, float, float, float]]) -> tuple[np.ndarra
     return xs, ys
 
 
+def _spread(xs: Sequence[float], centre: float, sign: float) -> np.ndarray:
+    """Heights in half a lane for marks sharing an x: one at +-0.2, several over 0.08-0.35.
+
+    >>> _spread([3, 3, 3, 4], 5.0, 1).round(3).tolist()
+    [5.08, 5.215, 5.35, 5.2]
+    """
+    x = np.asarray(xs, dtype=np.float64)
+    n = len(x)
+    if n == 0:
+        return x
+    order = np.lexsort((np.arange(n), x))
+    sx = x[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(sx)) + 1]
+    counts = np.diff(np.r_[starts, n])
+    rank = np.arange(n) - np.repeat(starts, counts)
+    size = np.repeat(counts, counts)
+    off = np.where(size > 1, 0.08 + 0.27 * rank / np.maximum(size - 1, 1), 0.2)
+    y = np.empty(n)
+    y[order] = centre + sign * off
+    return y
+
+
+@dataclass(frozen=True)
+class _SwapLayout:
+    """Where the swap ops of a plan sit, and the segments between them and their ops."""
+
+    x: np.ndarray
+    y: np.ndarray
+    text: list[str]
+    label: list[str]
+    tensor: list[str]
+    edges: list[tuple[float, float, float, float]]
+    triggers: list[tuple[float, float, float, float]]
+
+
+def _swap_layout(swaps: Sequence[SwapDraw], positions: tuple[np.ndarray, np.ndarray]
+                 ) -> _SwapLayout:
+    """Swap-outs above the swap lane's middle, swap-ins below, spread when they share a level.
+
+    Each swap of a level gets its own height, so 100 swaps of one level and their
+    edges stay 100 lines rather than one.
+    """
+    x, y = positions
+    lane_y = float(SWAP_LANE)
+    outs: list[float] = []
+    ins: list[float] = []
+    for s in swaps:
+        px = float(x[s.producer])
+        outs.append(px)
+        ins += [float(x[t]) if t is not None else px + 1 for _, t in s.groups]
+    out_y = _spread(outs, lane_y, 1)
+    in_y = _spread(ins, lane_y, -1)
+    mx: list[float] = []
+    my: list[float] = []
+    text: list[str] = []
+    label: list[str] = []
+    tensor: list[str] = []
+    edges: list[tuple[float, float, float, float]] = []
+    triggers: list[tuple[float, float, float, float]] = []
+    k_in = 0
+    for n, s in enumerate(swaps):
+        px, py, oy = float(x[s.producer]), float(y[s.producer]), float(out_y[n])
+        size = f" · {format_size(s.nbytes)}" if s.nbytes else ""
+        edges.append((px, py, px, oy))
+        mx.append(px)
+        my.append(oy)
+        text.append(f"swap-out of {s.tensor}{size}<br>level {int(px)} (to host)")
+        label.append(f"out {short_name(s.tensor)}")
+        tensor.append(s.tensor)
+        for k, (consumers, trig) in enumerate(s.groups):
+            ix, iy = ins[k_in], float(in_y[k_in])
+            k_in += 1
+            edges.append((px, oy, ix, iy))
+            for c in consumers:
+                edges.append((ix, iy, float(x[c]), float(y[c])))
+            if trig is not None:
+                triggers.append((float(x[trig]), float(y[trig]), ix, iy))
+            mx.append(ix)
+            my.append(iy)
+            how = f"trigger level {int(ix)}" if trig is not None else "synchronous"
+            text.append(f"swap-in {k} of {s.tensor}{size}<br>{how}, serves "
+                        f"{len(consumers)} op(s)")
+            label.append(f"in {short_name(s.tensor)}")
+            tensor.append(s.tensor)
+    return _SwapLayout(np.asarray(mx), np.asarray(my), text, label, tensor, edges, triggers)
+
+
 def overlay_traces(
     swaps: Sequence[SwapDraw], positions: tuple[np.ndarray, np.ndarray]
 ) -> list[go.Scattergl]:
     """Swap ops and rewired edges drawn over the ordering view.
 
     A swap-out sits in the swap lane at its producer's level, a swap-in at its trigger's
-    level (one level after the producer when synchronous). Edges: producer -> swap-out
-    -> swap-in -> each consumer it serves (solid), trigger ..> swap-in (dotted).
+    level (one level after the producer when synchronous); swap ops of one level are
+    spread over the lane (:func:`_spread`). Edges: producer -> swap-out -> swap-in -> each
+    consumer it serves (solid), trigger ..> swap-in (dotted).
 
     Returns
     -------
     list of go.Scattergl
         Three traces: rewired edges, trigger edges, swap ops (in ``T_*`` order).
     """
-    x, y = positions
-    edges: list[tuple[float, float, float, float]] = []
-    triggers: list[tuple[float, float, float, float]] = []
-    mx: list[float] = []
-    my: list[float] = []
-    mtext: list[str] = []
-    mdata: list[str] = []
-    lane_y = float(SWAP_LANE)
-    for s in swaps:
-        px, py = float(x[s.producer]), float(y[s.producer])
-        out_y = lane_y + 0.2
-        edges.append((px, py, px, out_y))
-        mx.append(px)
-        my.append(out_y)
-        mtext.append(f"swap-out of {s.tensor}<br>level {int(px)} (host)")
-        mdata.append(s.tensor)
-        for k, (consumers, trig) in enumerate(s.groups):
-            ix = float(x[trig]) if trig is not None else px + 1
-            in_y = lane_y - 0.2
-            edges.append((px, out_y, ix, in_y))
-            for c in consumers:
-                edges.append((ix, in_y, float(x[c]), float(y[c])))
-            if trig is not None:
-                triggers.append((float(x[trig]), float(y[trig]), ix, in_y))
-            mx.append(ix)
-            my.append(in_y)
-            how = f"trigger level {int(ix)}" if trig is not None else "synchronous"
-            mtext.append(f"swap-in {k} of {s.tensor}<br>{how}, serves {len(consumers)} op(s)")
-            mdata.append(s.tensor)
-    ex, ey = _segments(edges)
-    tx, ty = _segments(triggers)
+    lay = _swap_layout(swaps, positions)
+    ex, ey = _segments(lay.edges)
+    tx, ty = _segments(lay.triggers)
     return [
         go.Scattergl(x=ex, y=ey, mode="lines", name="rewired edges", hoverinfo="skip",
                      line={"color": LANE_COLORS["swap"], "width": 1}, opacity=0.5,
-                     xaxis="x", yaxis="y", showlegend=bool(edges)),
+                     xaxis="x", yaxis="y", showlegend=bool(lay.edges)),
         go.Scattergl(x=tx, y=ty, mode="lines", name="triggers", hoverinfo="skip",
                      line={"color": "#7c3aed", "width": 1, "dash": "dot"}, opacity=0.6,
-                     xaxis="x", yaxis="y", showlegend=bool(triggers)),
-        go.Scattergl(x=mx, y=my, mode="markers", name="swap ops", text=mtext, customdata=mdata,
-                     hovertemplate="%{text}<extra></extra>",
+                     xaxis="x", yaxis="y", showlegend=bool(lay.triggers)),
+        go.Scattergl(x=lay.x, y=lay.y, mode="markers", name="swap ops", text=lay.text,
+                     customdata=lay.tensor, hovertemplate="%{text}<extra></extra>",
                      marker={"symbol": "diamond", "size": 8, "color": LANE_COLORS["swap"],
                              "line": {"width": 1, "color": "#7c2d12"}},
                      xaxis="x", yaxis="y", showlegend=bool(swaps)),
@@ -348,7 +565,9 @@ def overlay_traces(
 def memory_traces(curves: Curves) -> list[go.Scatter]:
     """The memory row: device before/after, host, budget line, peaks.
 
-    Values are plotted in MiB.
+    Values are plotted in MiB (the axis labels them in the unit their magnitude calls for,
+    :func:`memory_axis`); hover says each level's bytes and, when ``curves`` carries it,
+    what dominates the level.
 
     Returns
     -------
@@ -361,19 +580,20 @@ def memory_traces(curves: Curves) -> list[go.Scatter]:
         return np.asarray(v, dtype=np.float64) / MIB
 
     def line(values: Sequence[int] | None, name: str, color: str, dash: str = "solid",
-             width: float = 1.5) -> go.Scatter:
+             width: float = 1.5, hover: Sequence[str] | None = None) -> go.Scatter:
         if values is None:
             return go.Scatter(x=[], y=[], name=name, xaxis="x2", yaxis="y2", showlegend=False)
+        text = list(hover) if hover is not None else [
+            f"{name}, level {k}: {format_size(v)}" for k, v in enumerate(values)]
         return go.Scatter(
             x=np.arange(len(values)), y=mib(values), mode="lines", name=name,
             line={"color": color, "dash": dash, "width": width, "shape": "hv"},
-            hovertemplate=f"{name}<br>level %{{x}}: %{{y:.1f}} MiB<extra></extra>",
-            xaxis="x2", yaxis="y2",
+            text=text, hovertemplate="%{text}<extra></extra>", xaxis="x2", yaxis="y2",
         )
 
     traces = [
-        line(curves.before, "device, before", "#64748b", width=1.2),
-        line(curves.after, "device, after", "#2563eb", width=2),
+        line(curves.before, "device, before", "#64748b", width=1.2, hover=curves.hover_before),
+        line(curves.after, "device, after", "#2563eb", width=2, hover=curves.hover_after),
         line(curves.host, "host", "#d97706", dash="dot"),
     ]
     if curves.budget:
@@ -381,7 +601,7 @@ def memory_traces(curves: Curves) -> list[go.Scatter]:
         off = " (above the chart)" if b > memory_range(curves)[1] else ""
         traces.append(go.Scatter(
             x=[0, max(n - 1, 1)], y=[b, b], mode="lines",
-            name=f"budget {format_mib(curves.budget)}{off}",
+            name=f"budget {format_size(curves.budget)}{off}",
             line={"color": "#b91c1c", "dash": "dash", "width": 1.5}, hoverinfo="skip",
             xaxis="x2", yaxis="y2",
         ))
@@ -394,7 +614,7 @@ def memory_traces(curves: Curves) -> list[go.Scatter]:
         if peak is not None:
             px.append(peak[0])
             py.append(peak[1] / MIB)
-            ptext.append(f"{label}: {format_mib(peak[1])} at level {peak[0]}")
+            ptext.append(f"{label}: {format_size(peak[1])} at level {peak[0]}")
             pos.append(where)
     traces.append(go.Scatter(
         x=px, y=py, mode="markers+text", name="peaks", text=[t.split(":")[0] for t in ptext],
@@ -455,7 +675,7 @@ def selection_shapes(hl: Highlight, positions: tuple[np.ndarray, np.ndarray]) ->
             "type": "rect", "xref": "x2", "yref": "y2", "x0": s, "x1": max(e, s + 0.5),
             "y0": 0, "y1": nbytes / MIB, "fillcolor": "rgba(124,58,237,0.25)",
             "line": {"color": "#7c3aed", "width": 1},
-            "label": {"text": f"{hl.tensor} · {format_mib(nbytes)} · levels {s}–{e}",
+            "label": {"text": f"{hl.tensor} · {format_size(nbytes)} · levels {s}–{e}",
                       "textposition": "top left", "font": {"size": 11, "color": "#5b21b6"}},
         })
     return shapes
@@ -464,8 +684,217 @@ def selection_shapes(hl: Highlight, positions: tuple[np.ndarray, np.ndarray]) ->
 def dynamic_traces(
     swaps: Sequence[SwapDraw], positions: tuple[np.ndarray, np.ndarray], curves: Curves
 ) -> list[go.Scatter | go.Scattergl]:
-    """Every trace after the ordering lanes, in ``T_*`` order (what a plan changes)."""
+    """The traces after the ordering lanes that a plan changes, in ``T_*`` order."""
     return [*overlay_traces(swaps, positions), *memory_traces(curves)]
+
+
+def window_from_relayout(relayout: dict[str, Any] | None, n_levels: int,
+                         current: tuple[int, int] | None = None) -> tuple[int, int] | None:
+    """The level window a zoom or pan of the figure shows (Plotly's ``relayoutData``).
+
+    Parameters
+    ----------
+    relayout : dict
+        The event: ``xaxis.range[0]``/``[1]`` (or ``xaxis2``, or ``xaxis.range`` as a
+        pair) after a zoom or pan, ``xaxis.autorange`` after a reset.
+    n_levels : int
+    current : (int, int), optional
+        The window before the event, kept when the event does not move the x-axis.
+
+    Returns
+    -------
+    (int, int) or None
+        First and last level shown, clipped to the graph; None for the whole graph.
+
+    >>> window_from_relayout({"xaxis.range[0]": 10.4, "xaxis.range[1]": 30.2}, 100)
+    (10, 31)
+    >>> window_from_relayout({"xaxis2.autorange": True}, 100, (10, 31)) is None
+    True
+    >>> window_from_relayout({"autosize": True}, 100, (10, 31))
+    (10, 31)
+    >>> window_from_relayout({"xaxis.range": [-5, 500]}, 100, (10, 31)) is None
+    True
+    """
+    if not isinstance(relayout, dict):
+        return current
+    for ax in ("xaxis", "xaxis2"):
+        if relayout.get(f"{ax}.autorange"):
+            return None
+        pair = relayout.get(f"{ax}.range")
+        lo = relayout.get(f"{ax}.range[0]", pair[0] if isinstance(pair, list | tuple)
+                          and len(pair) == 2 else None)
+        hi = relayout.get(f"{ax}.range[1]", pair[1] if isinstance(pair, list | tuple)
+                          and len(pair) == 2 else None)
+        if lo is None or hi is None:
+            continue
+        try:
+            a, b = sorted((float(lo), float(hi)))
+        except (TypeError, ValueError):
+            return current
+        if not (np.isfinite(a) and np.isfinite(b)):
+            return current
+        first, last = max(int(np.floor(a)), 0), min(int(np.ceil(b)), n_levels - 1)
+        if first <= 0 and last >= n_levels - 1:
+            return None
+        return (first, max(first, last))
+    return current
+
+
+def window_traces(
+    ops: OpTable,
+    positions: tuple[np.ndarray, np.ndarray],
+    edges: Edges | None,
+    window: tuple[int, int] | None,
+    swaps: Sequence[SwapDraw] = (),
+    recomputes: Sequence[RecomputeDraw] = (),
+    *,
+    max_ops: int = DETAIL_MAX_OPS,
+    max_edges: int = DETAIL_MAX_EDGES,
+) -> tuple[list[go.Scatter], str]:
+    """The ops of a level window drawn one by one, with their edges, swaps and recomputes.
+
+    Only the window's ops and edges are sent, so however large the graph the browser gets
+    at most ``max_ops`` points and ``max_edges`` edges.
+
+    Parameters
+    ----------
+    ops : OpTable
+    positions : (ndarray, ndarray)
+        From :func:`op_positions`.
+    edges : Edges, optional
+        The graph's data edges (:func:`lmscore.browse.data_edges`).
+    window : (int, int) or None
+        First and last level (:func:`window_from_relayout`); None draws nothing (the
+        whole graph is shown by the lanes).
+    swaps, recomputes : sequence
+        The plan's swaps and recomputes; those touching the window are labelled.
+    max_ops, max_edges : int
+        A wider window is left to the lanes (the note says to zoom in); of more edges the
+        largest tensors are kept.
+
+    Returns
+    -------
+    traces : list of go.Scatter
+        Five, in ``T_DETAIL_*`` order: data edges, recompute edges, edge hover points,
+        ops, swap and recompute ops.
+    note : str
+        What the window shows, or why it is not drawn op by op.
+    """
+    empty = _window_empty()
+    if window is None:
+        return empty, ""
+    lo, hi = window
+    x, y = positions
+    lv = np.asarray(ops.levels, dtype=np.int64)
+    inside = np.flatnonzero((lv >= lo) & (lv <= hi))
+    if len(inside) > max_ops:
+        return empty, (f"levels {lo}–{hi}: {len(inside):,} ops, too many to draw one by one; "
+                       f"zoom in to at most {max_ops:,} ops to see them with their edges.")
+    labelled = hi - lo + 1 <= LABEL_MAX_LEVELS and len(inside) <= LABEL_MAX_OPS
+    cats = np.asarray(ops.categories)
+    colors = [LANE_COLORS.get(c, "#111827") for c in cats[inside]]
+    hover = [f"{ops.names[i]}<br>{ops.types[i]} · level {ops.levels[i]} · {cats[i]}"
+             f"<br>{ops.shapes[i]}<br>{format_size(ops.nbytes[i])}" for i in inside.tolist()]
+    op_trace = go.Scatter(
+        x=x[inside], y=y[inside], mode="markers+text" if labelled else "markers",
+        name="ops", text=[short_name(ops.names[i], 22) for i in inside.tolist()],
+        textposition="top center", textfont={"size": 9, "color": "#374151"},
+        hovertext=hover, hovertemplate="%{hovertext}<extra></extra>", customdata=inside,
+        marker={"size": 9, "color": colors, "line": {"width": 1, "color": "#ffffff"}},
+        xaxis="x", yaxis="y", showlegend=False, cliponaxis=False,
+    )
+    # data edges with an end in the window (the other end may lie outside)
+    n_edges = 0
+    kept = 0
+    seg: list[tuple[float, float, float, float]] = []
+    mid_x: list[float] = []
+    mid_y: list[float] = []
+    mid_text: list[str] = []
+    if edges is not None and len(edges.src):
+        src = np.asarray(edges.src)
+        dst = np.asarray(edges.dst)
+        nb = np.asarray(edges.nbytes)
+        sel = np.flatnonzero(((lv[src] >= lo) & (lv[src] <= hi))
+                             | ((lv[dst] >= lo) & (lv[dst] <= hi)))
+        n_edges = len(sel)
+        if n_edges > max_edges:
+            sel = sel[np.argsort(-nb[sel], kind="stable")[:max_edges]]
+        kept = len(sel)
+        for e in sel.tolist():
+            a, b = int(src[e]), int(dst[e])
+            seg.append((float(x[a]), float(y[a]), float(x[b]), float(y[b])))
+            mid_x.append((float(x[a]) + float(x[b])) / 2)
+            mid_y.append((float(y[a]) + float(y[b])) / 2)
+            mid_text.append(f"{ops.names[a]}:{int(edges.port[e])} · {format_size(int(nb[e]))}"
+                            f"<br>{short_name(ops.names[a], 40)} → {short_name(ops.names[b], 40)}")
+    ex, ey = _segments(seg)
+    # swap ops in the window, labelled
+    lay = _swap_layout(swaps, positions)
+    in_win = [k for k in range(len(lay.x)) if lo - 0.5 <= lay.x[k] <= hi + 0.5]
+    mx = [float(lay.x[k]) for k in in_win]
+    my = [float(lay.y[k]) for k in in_win]
+    mtext = [lay.text[k] for k in in_win]
+    mlabel = [lay.label[k] for k in in_win]
+    msym = ["diamond"] * len(in_win)
+    mcolor = [LANE_COLORS["swap"]] * len(in_win)
+    mdata: list[Any] = [lay.tensor[k] for k in in_win]
+    # recomputing clones: in the swap lane just before the first reader they serve
+    rseg: list[tuple[float, float, float, float]] = []
+    for r in recomputes:
+        first = min((float(x[c]) for c in r.consumers), default=float(x[r.trigger]))
+        n = len(r.clones)
+        cx = [first - 0.6 + 0.45 * k / max(n - 1, 1) for k in range(n)]
+        cy = _spread([round(v, 3) for v in cx], float(SWAP_LANE), -1).tolist()
+        touches = lo - 1 <= first <= hi + 1 or any(lo <= x[c] <= hi for c in r.consumers)
+        if not touches:
+            continue
+        for i in r.inputs:
+            rseg.append((float(x[i]), float(y[i]), cx[0], cy[0]))
+        rseg += [(cx[k], cy[k], cx[k + 1], cy[k + 1]) for k in range(n - 1)]
+        rseg += [(cx[-1], cy[-1], float(x[c]), float(y[c])) for c in r.consumers]
+        rseg.append((float(x[r.trigger]), float(y[r.trigger]), cx[0], cy[0]))
+        size = f" · {format_size(r.nbytes)}" if r.nbytes else ""
+        for k, name in enumerate(r.clones):
+            mx.append(cx[k])
+            my.append(cy[k])
+            mtext.append(f"clone of {name} ({k + 1} of {n})<br>recomputes {r.tensor}{size}"
+                         f"<br>for {len(r.consumers)} reader(s); after level "
+                         f"{int(x[r.trigger])}")
+            mlabel.append(f"re {short_name(name, 20)}")
+            msym.append("triangle-up")
+            mcolor.append(RECOMPUTE_COLOR)
+            mdata.append(r.tensor)
+    rx, ry = _segments(rseg)
+    traces = [
+        go.Scatter(x=ex, y=ey, mode="lines", name="data edges (window)", hoverinfo="skip",
+                   line={"color": "#94a3b8", "width": 1}, opacity=0.7, xaxis="x", yaxis="y",
+                   showlegend=False),
+        go.Scatter(x=rx, y=ry, mode="lines", name="recompute edges", hoverinfo="skip",
+                   line={"color": RECOMPUTE_COLOR, "width": 1.2, "dash": "dash"},
+                   xaxis="x", yaxis="y", showlegend=False),
+        go.Scatter(x=mid_x, y=mid_y, mode="markers", name="tensors", hovertext=mid_text,
+                   hovertemplate="%{hovertext}<extra>tensor</extra>",
+                   marker={"size": 7, "color": "rgba(100,116,139,0.25)"}, xaxis="x",
+                   yaxis="y", showlegend=False),
+        op_trace,
+        go.Scatter(x=mx, y=my, mode="markers+text" if labelled else "markers",
+                   name="swap and recompute ops", text=mlabel, textposition="middle right",
+                   textfont={"size": 9, "color": "#7c2d12"}, hovertext=mtext,
+                   hovertemplate="%{hovertext}<extra></extra>", customdata=mdata,
+                   marker={"symbol": msym, "size": 10, "color": mcolor,
+                           "line": {"width": 1, "color": "#111827"}},
+                   xaxis="x", yaxis="y", showlegend=False, cliponaxis=False),
+    ]
+    more = f" (the {kept:,} largest of {n_edges:,})" if kept < n_edges else ""
+    note = (f"levels {lo}–{hi}: {len(inside):,} ops drawn one by one with {kept:,} data "
+            f"edges{more}; hover an edge's middle for its tensor and size.")
+    return traces, note
+
+
+def _window_empty() -> list[go.Scatter]:
+    return [go.Scatter(x=[], y=[], name=n, xaxis="x", yaxis="y", showlegend=False)
+            for n in ("data edges (window)", "recompute edges", "tensors", "ops",
+                      "swap and recompute ops")]
 
 
 def studio_figure(
@@ -477,20 +906,28 @@ def studio_figure(
     *,
     max_points: int = MAX_POINTS,
     uirevision: str = "",
+    edges: Edges | None = None,
+    window: tuple[int, int] | None = None,
+    recomputes: Sequence[RecomputeDraw] = (),
 ) -> tuple[go.Figure, str]:
     """The two-row figure: ordering on top, memory below, one x-axis (CTO level).
+
+    With ``window`` the x-axis shows those levels and their ops are drawn one by one on
+    top of the lanes (:func:`window_traces`).
 
     Returns
     -------
     figure : go.Figure
     note : str
-        Non-empty when the ordering row is aggregated (see :func:`ordering_traces`).
+        Non-empty when the ordering row is aggregated (see :func:`ordering_traces`) or a
+        window is shown.
     """
     hl = hl or Highlight()
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.04,
                         row_heights=[0.45, 0.55])
     lanes, note = ordering_traces(ops, positions, max_points)
-    for tr in [*lanes, *dynamic_traces(swaps, positions, curves)]:
+    detail, wnote = window_traces(ops, positions, edges, window, swaps, recomputes)
+    for tr in [*lanes, *dynamic_traces(swaps, positions, curves), *detail]:
         fig.add_trace(tr)
     fig.update_layout(
         margin={"l": 70, "r": 20, "t": 10, "b": 40},
@@ -504,12 +941,217 @@ def studio_figure(
         shapes=selection_shapes(hl, positions),
         hoverdistance=30,
     )
-    fig.update_yaxes(row=1, col=1, tickvals=list(range(len(LANES))), ticktext=list(LANES),
+    fig.update_yaxes(row=1, col=1, tickvals=list(range(len(LANES))), ticktext=LANE_LABELS,
                      range=[-0.6, len(LANES) - 0.4], showgrid=False, zeroline=False,
                      fixedrange=True)
-    fig.update_yaxes(row=2, col=1, title_text="memory (MiB)", range=memory_range(curves),
-                     gridcolor="#e5e7eb")
+    fig.update_yaxes(row=2, col=1, title_text="device memory", gridcolor="#e5e7eb",
+                     **memory_axis(curves))
     fig.update_xaxes(row=2, col=1, title_text="level (categorized topological order)",
                      gridcolor="#f1f5f9")
     fig.update_xaxes(row=1, col=1, gridcolor="#f1f5f9")
-    return fig, note
+    if window is not None:
+        fig.update_xaxes(range=[window[0] - 0.5, window[1] + 0.5], autorange=False)
+    return fig, " ".join(t for t in (note, wnote) if t)
+
+
+#: What a level is, in one paragraph for the page.
+LEVEL_HELP = (
+    "A level is one step of the categorized topological order: every op runs at the first "
+    "level after all the ops it reads from (data and control edges), so the ops of one "
+    "level could run together, and a tensor lives from its producer's level to its last "
+    "reader's. The memory row shows, per level, the most the device holds while that "
+    "level's ops run.")
+
+#: Every mark of the studio figure: (glyph, colour, meaning), for the page's legend.
+LEGEND: tuple[tuple[str, str, str], ...] = (
+    ("●", LANE_COLORS["input"], "input op (feeds)"),
+    ("●", LANE_COLORS["persistent"], "persistent op (variables, constants)"),
+    ("●", LANE_COLORS["forward"], "forward op"),
+    ("●", LANE_COLORS["backward"], "backward op (gradients)"),
+    ("●", LANE_COLORS["update"], "update op (optimizer)"),
+    ("|", LANE_COLORS["forward"], "aggregated: ops of a level (or a bin of levels) and "
+     "category, as tall as their count"),
+    ("◆", LANE_COLORS["swap"], "swap-out (above the swap lane's middle) and swap-in (below)"),
+    ("—", LANE_COLORS["swap"], "rewired edge: producer → swap-out → swap-in → readers"),
+    ("┈", "#7c3aed", "trigger: the op after which a swap-in starts"),
+    ("▲", "#059669", "recomputing clone, with its edges (zoomed in)"),
+    ("—", "#94a3b8", "data edge (zoomed in; hover its middle for the tensor and its size)"),
+    ("—", "#64748b", "device memory, unmodified step"),
+    ("—", "#2563eb", "device memory with the plan"),
+    ("┈", "#d97706", "host memory with the plan (swapped tensors)"),
+    ("╌", "#b91c1c", "budget"),
+    ("▼", "#111827", "peaks"),
+    ("┊", "#7c3aed", "selected level; rings: selected tensor's producer (circle) and "
+     "readers (squares)"),
+)
+
+
+def compare_figure(series: Sequence[tuple[str, Sequence[int]]], budget: int | None = None,
+                   *, level: int | None = None) -> go.Figure:
+    """Device curves of several plans of one step overlaid, over the original levels.
+
+    Parameters
+    ----------
+    series : sequence of (str, sequence of int)
+        Name and device bytes per level of each plan (the first is drawn grey).
+    budget : int, optional
+    level : int, optional
+        A level to mark (the selected one).
+
+    >>> fig = compare_figure([("no plan", [0, 2**30]), ("current", [0, 2**29])], 2**30)
+    >>> [t.name for t in fig.data], list(fig.layout.yaxis.ticktext)[-1]
+    (['no plan', 'current', 'budget 1.00 GiB'], '1000 MiB')
+    """
+    palette = ("#64748b", "#2563eb", "#059669", "#9333ea", "#d97706")
+    fig = go.Figure()
+    top = 0
+    n = 1
+    for k, (name, curve) in enumerate(series):
+        vals = np.asarray(curve, dtype=np.float64)
+        top = max(top, int(vals.max()) if len(vals) else 0)
+        n = max(n, len(vals))
+        fig.add_trace(go.Scatter(
+            x=np.arange(len(vals)), y=vals / MIB, mode="lines", name=name,
+            line={"color": palette[k % len(palette)], "width": 1.2 if k == 0 else 2,
+                  "shape": "hv"},
+            text=[f"{name}, level {i}: {format_size(v)}" for i, v in enumerate(curve)],
+            hovertemplate="%{text}<extra></extra>",
+        ))
+    if budget:
+        fig.add_trace(go.Scatter(x=[0, max(n - 1, 1)], y=[budget / MIB] * 2, mode="lines",
+                                 name=f"budget {format_size(budget)}", hoverinfo="skip",
+                                 line={"color": "#b91c1c", "dash": "dash", "width": 1.5}))
+        top = max(top, budget)
+    vals, text = memory_ticks(top * 1.08 / MIB or 1)
+    fig.update_layout(
+        height=300, margin={"l": 70, "r": 20, "t": 10, "b": 40}, plot_bgcolor="#ffffff",
+        hovermode="x unified", legend={"orientation": "h", "y": -0.25, "x": 0},
+        yaxis={"tickvals": vals, "ticktext": text, "tickmode": "array",
+               "range": [0, top * 1.08 / MIB or 1], "gridcolor": "#e5e7eb",
+               "title": {"text": "device memory"}},
+        xaxis={"title": {"text": "level"}, "gridcolor": "#f1f5f9"},
+    )
+    if level is not None:
+        fig.add_vline(x=level, line={"color": "#7c3aed", "width": 1.5, "dash": "dot"})
+    return fig
+
+
+@dataclass(frozen=True)
+class BatchPlot:
+    """What :func:`batch_figure` draws (a :class:`lmscore.compare.BatchSweep`'s columns).
+
+    Attributes
+    ----------
+    batches : sequence of int
+    peak_bytes : sequence of int
+        Device peak of the unplanned step at each batch.
+    step_seconds : sequence of float
+        Its predicted step time.
+    device_bytes : int
+        The budget line.
+    max_without : int
+        Largest batch that fits unplanned.
+    plan_peak_bytes : sequence of int, optional
+        Device peak with the current plan.
+    max_with_plan : int
+        Largest batch of ``batches`` the plan fits.
+    bound : int
+        Largest batch any plan could fit (0: not known).
+    current : int, optional
+        The batch size being looked at.
+    """
+
+    batches: Sequence[int]
+    peak_bytes: Sequence[int]
+    step_seconds: Sequence[float]
+    device_bytes: int
+    max_without: int
+    plan_peak_bytes: Sequence[int] | None = None
+    max_with_plan: int = 0
+    bound: int = 0
+    current: int | None = None
+
+
+def batch_figure(p: BatchPlot) -> go.Figure:
+    """Peak device memory (and predicted step time) against the batch size.
+
+    The budget is a horizontal line; vertical lines mark the largest batch that fits
+    without a plan, with the current plan, the bound no plan passes and the current batch.
+
+    >>> fig = batch_figure(BatchPlot([1, 2, 4], [2**20, 2**21, 2**22], [1e-3, 2e-3, 4e-3],
+    ...                              3 * 2**20, 2))
+    >>> [t.name for t in fig.data]
+    ['peak, no plan', 'step time, no plan', 'budget 3.0 MiB', 'fits up to batch 2']
+    """
+    fig = go.Figure()
+    b = list(p.batches)
+    tops = [p.device_bytes, *p.peak_bytes, *(p.plan_peak_bytes or ())]
+    top = max(tops) if tops else 1
+    fig.add_trace(go.Scatter(
+        x=b, y=np.asarray(p.peak_bytes, dtype=np.float64) / MIB, mode="lines+markers",
+        name="peak, no plan", line={"color": "#64748b", "width": 2},
+        text=[f"batch {k}: peak {format_size(v)}" for k, v in zip(b, p.peak_bytes, strict=True)],
+        hovertemplate="%{text}<extra></extra>"))
+    if p.plan_peak_bytes is not None:
+        fig.add_trace(go.Scatter(
+            x=b, y=np.asarray(p.plan_peak_bytes, dtype=np.float64) / MIB, mode="lines+markers",
+            name="peak, current plan", line={"color": "#2563eb", "width": 2},
+            text=[f"batch {k}: peak with the plan {format_size(v)}"
+                  for k, v in zip(b, p.plan_peak_bytes, strict=True)],
+            hovertemplate="%{text}<extra></extra>"))
+    fig.add_trace(go.Scatter(
+        x=b, y=np.asarray(p.step_seconds, dtype=np.float64) * 1e3, mode="lines",
+        name="step time, no plan", yaxis="y2", line={"color": "#9333ea", "dash": "dot"},
+        text=[f"batch {k}: {s * 1e3:.3g} ms predicted" for k, s in
+              zip(b, p.step_seconds, strict=True)],
+        hovertemplate="%{text}<extra></extra>"))
+    fig.add_trace(go.Scatter(
+        x=[min(b, default=1), max(b, default=1)], y=[p.device_bytes / MIB] * 2, mode="lines",
+        name=f"budget {format_size(p.device_bytes)}", hoverinfo="skip",
+        line={"color": "#b91c1c", "dash": "dash", "width": 1.5}))
+    marks = [(p.max_without, f"fits up to batch {p.max_without}", "#64748b")]
+    if p.plan_peak_bytes is not None:
+        marks.append((p.max_with_plan, f"plan fits up to batch {p.max_with_plan}", "#2563eb"))
+    if p.bound:
+        marks.append((p.bound, f"no plan beyond batch {p.bound}", "#111827"))
+    if p.current:
+        marks.append((p.current, f"batch {p.current}", "#7c3aed"))
+    ymax = top * 1.1 / MIB
+    for k, (x, label, color) in enumerate(marks):
+        if x:  # a trace, not a shape: shapes on a log axis take log coordinates
+            h = ymax * (0.97 - 0.07 * k)
+            fig.add_trace(go.Scatter(
+                x=[x, x], y=[0, h], mode="lines+text", text=["", label], name=label,
+                textposition="middle right", textfont={"size": 10, "color": color},
+                line={"color": color, "width": 1.2, "dash": "dot"}, hoverinfo="skip",
+                showlegend=False))
+    vals, text = memory_ticks(ymax)
+    fig.update_layout(
+        height=320, margin={"l": 70, "r": 60, "t": 10, "b": 40}, plot_bgcolor="#ffffff",
+        hovermode="closest", legend={"orientation": "h", "y": -0.25, "x": 0},
+        xaxis={"type": "log", "title": {"text": "batch size"}, "gridcolor": "#f1f5f9"},
+        yaxis={"tickvals": vals, "ticktext": text, "tickmode": "array",
+               "range": [0, ymax], "gridcolor": "#e5e7eb",
+               "title": {"text": "peak device memory"}},
+        yaxis2={"overlaying": "y", "side": "right", "title": {"text": "step time (ms)"},
+                "showgrid": False, "rangemode": "tozero"},
+    )
+    return fig
+
+
+def comparison_rows(summaries: Sequence[Any]) -> list[dict[str, Any]]:
+    """Rows of the plan comparison table, one per :class:`lmscore.compare.PlanSummary`."""
+    rows = []
+    for s in summaries:
+        rows.append({
+            "plan": s.name,
+            "peak": f"{format_size(s.peak_bytes)} (level {s.peak_level})",
+            "host": format_size(s.host_peak_bytes),
+            "swapped": f"{s.swapped_tensors} · {format_size(s.swap_bytes)}",
+            "recomputed": (f"{s.recomputed_tensors} · {format_size(s.recompute_bytes)} "
+                           f"({s.cloned_ops} ops)"),
+            "overhead": f"{100 * s.overhead:.1f}%",
+            "step": f"{s.step_seconds * 1e3:.3g} ms",
+            "fits": "—" if s.fits is None else ("yes" if s.fits else "no"),
+        })
+    return rows
