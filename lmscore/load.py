@@ -25,7 +25,7 @@ from google.protobuf import message, text_format
 from tensorboard.compat.proto import graph_pb2, types_pb2
 
 from .errors import ConfigError, GraphError
-from .ir import Graph, Op, TensorSpec, op_signatures
+from .ir import Graph, Op, TensorSpec, gc_paused, op_signatures
 
 #: Largest binary GraphDef read (protobuf cannot parse messages of 2 GiB or more).
 MAX_FILE_BYTES = 2**31 - 1
@@ -131,6 +131,7 @@ def _check_count(gd: Any, source: str, max_ops: int | None) -> None:
                          f"of {limit:,} (set LMS_MAX_OPS to raise it)")
 
 
+@gc_paused()
 def from_graphdef_bytes(data: bytes, *, source: str = "<bytes>", text: bool | None = None,
                         max_ops: int | None = None) -> Graph:
     """Build the IR from a serialized GraphDef.
@@ -237,6 +238,10 @@ def from_graphdef(
     pushes = _list_pushes(gd)
     ops = []
     empty: dict[str, Any] = {}
+    # A step has a few hundred distinct output shapes and signatures among thousands of
+    # ops: each is decoded once and its specs are shared (TensorSpec is immutable).
+    shapes_of: dict[bytes, list[tuple[int, ...] | None]] = {}
+    specs_of: dict[tuple[tuple[str, ...], bytes | None], tuple[TensorSpec, ...]] = {}
     for node in gd.node:
         name = node.name
         op_type = node.op
@@ -255,11 +260,16 @@ def from_graphdef(
             else:
                 data_in.append(t + ":0")
         sig = sigs.get(op_type)
+        key: bytes | None = None
         if "_output_shapes" in attr:
-            shapes = [
-                None if sh.unknown_rank else tuple([d.size for d in sh.dim])
-                for sh in attr["_output_shapes"].list.shape
-            ]
+            recorded = attr["_output_shapes"]
+            key = recorded.SerializeToString()
+            shapes = shapes_of.get(key)
+            if shapes is None:
+                shapes = shapes_of[key] = [
+                    None if sh.unknown_rank else tuple([d.size for d in sh.dim])
+                    for sh in recorded.list.shape
+                ]
         else:
             shapes = None
             if require_shapes and (sig is None or sig):
@@ -270,13 +280,19 @@ def from_graphdef(
         elif len(shapes) != len(dtypes):
             # Unknown op or odd attrs: trust the recorded shapes for the arity.
             dtypes = (dtypes + ["unknown"] * len(shapes))[: len(shapes)]
+        spec_key = (tuple(dtypes), key)
+        outputs = specs_of.get(spec_key)
+        if outputs is None:
+            outputs = specs_of[spec_key] = tuple(
+                [TensorSpec(d, sh) for d, sh in zip(dtypes, shapes, strict=True)]
+            )
         ops.append(Op(
             name,
             op_type,
             node.device,
             tuple(data_in),
             tuple(control_in),
-            tuple([TensorSpec(d, sh) for d, sh in zip(dtypes, shapes, strict=True)]),
+            outputs,
             _small_attrs(node, pushes) if op_type in _ATTR_OPS else empty,
         ))
     functions = frozenset(f.signature.name for f in gd.library.function)
@@ -352,15 +368,17 @@ _ATTR_OPS = frozenset({
 def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None) -> dict[str, Any]:
     """Decode the few attributes analyses use; everything else stays in the source file."""
     attr = node.attr
+    present = set(attr)  # one pass over the map instead of a lookup per candidate key
     out: dict[str, Any] = {}
     for key in ("_lms_role", "_lms_tensor", "_lms_clone_of"):  # an exported rewrite's ops
-        if key in attr:
+        if key in present:
             out[key] = attr[key].s.decode("utf-8", "replace")
-    if node.op in ("Identity", "DeepCopy"):
+    op_type = node.op
+    if op_type in ("Identity", "DeepCopy"):
         return out
-    if node.op in ("While", "StatelessWhile") and pushes:
+    if op_type in ("While", "StatelessWhile") and pushes:
         out["list_aliases"] = pushes.get(attr["body"].func.name, ())
-    if node.op == "Const" and "value" in attr:
+    if op_type == "Const" and "value" in present:
         t = attr["value"].tensor
         out["const_shape"] = tuple(d.size for d in t.tensor_shape.dim)
         value = _small_int_tensor(t)
@@ -369,22 +387,27 @@ def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None) ->
         if t.dtype == types_pb2.DT_STRING:  # a tstring is 24 bytes, plus long strings
             n = max(len(t.string_val), 1)
             out["string_bytes"] = 24 * n + sum(len(x) for x in t.string_val if len(x) > 22)
-    for key in ("shape", "dtype"):
-        if key in attr and node.op in ("VarHandleOp", "VariableV2", "Placeholder"):
-            a = attr[key]
-            out[key] = (
-                tuple(d.size for d in a.shape.dim) if key == "shape" else _DTYPE_NAMES.get(a.type)
-            )
-    if "element_dtype" in attr:
+    if op_type in ("VarHandleOp", "VariableV2", "Placeholder"):
+        for key in ("shape", "dtype"):
+            if key in present:
+                a = attr[key]
+                out[key] = (
+                    tuple(d.size for d in a.shape.dim) if key == "shape"
+                    else _DTYPE_NAMES.get(a.type)
+                )
+    if "element_dtype" in present:
         out["element_dtype"] = _DTYPE_NAMES.get(attr["element_dtype"].type, "unknown")
     for key in _FUNC_ATTRS:
-        if key in attr:
+        if key in present:
             a = attr[key]
             names = [f.name for f in a.list.func] if a.list.func else [a.func.name]
             out[key] = tuple(n for n in names if n)
     for key in _SCALAR_ATTRS:
-        if key in attr and attr[key].WhichOneof("value") in ("b", "i"):
-            out[key] = getattr(attr[key], attr[key].WhichOneof("value"))
+        if key in present:
+            a = attr[key]
+            which = a.WhichOneof("value")
+            if which in ("b", "i"):
+                out[key] = getattr(a, which)
     return out
 
 

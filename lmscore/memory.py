@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .errors import ConfigError, GraphError
-from .ir import FEED_OPS, VARIABLE_OPS, Graph, Op, dtype_bytes
+from .ir import FEED_OPS, VARIABLE_OPS, Graph, Op, dtype_bytes, gc_paused
 from .order import Ordering, order
 from .shapes import LoopBody, Sizes, loop_body, resolve
 
@@ -425,6 +425,7 @@ def is_host_op(op_device: str, op_attrs: dict) -> bool:
     return op_attrs.get("_lms_role") == "swap_out"
 
 
+@gc_paused()
 def simulate(
     graph: Graph,
     batch_size: int,

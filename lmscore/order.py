@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from .errors import GraphError
-from .ir import FEED_OPS, VARIABLE_OPS, Graph, op_signatures
+from .ir import FEED_OPS, VARIABLE_OPS, Graph, gc_paused, op_signatures
 
 INPUT, PERSISTENT, FORWARD, BACKWARD, UPDATE = (
     "input", "persistent", "forward", "backward", "update",
@@ -185,6 +185,7 @@ def _levels(graph: Graph) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 @functools.lru_cache(maxsize=8)
+@gc_paused()
 def order(graph: Graph) -> Ordering:
     """Compute the categorized topological ordering of ``graph``.
 
@@ -250,6 +251,7 @@ def _unscheduled(graph: Graph) -> Graph:
     return graph.derive(ops, source=graph.source)
 
 
+@gc_paused()
 def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], str | None]:
     graph = _unscheduled(graph)
     ops = graph.ops

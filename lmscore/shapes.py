@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import ConfigError, GraphError
-from .ir import FEED_OPS, VARIABLE_OPS, Graph, Op, dtype_bytes
+from .ir import FEED_OPS, VARIABLE_OPS, Graph, Op, dtype_bytes, gc_paused
 from .order import order
 
 _ELEMENT_PRESERVING = frozenset({"Reshape", "Squeeze", "ExpandDims", "Bitcast", "Flatten"})
@@ -67,6 +67,7 @@ class Sizes:
     values: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
 
 
+@gc_paused()
 def resolve(graph: Graph, batch_size: int) -> Sizes:
     """Resolve every tensor's shape and bytes at ``batch_size``.
 
