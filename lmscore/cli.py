@@ -345,6 +345,12 @@ def _feed_batches(graph: Any) -> list[int]:
     return dims
 
 
+def fixed_batch(graph: Any) -> int | None:
+    """The batch size every batched feed of ``graph`` fixes, or None (unknown or no feed)."""
+    dims = _feed_batches(graph)
+    return dims[0] if dims and -1 not in dims and dims[0] > 0 else None
+
+
 def _batch_size(graph: Any, path: str, given: int | None, notes: list[str]) -> int:
     """The batch size to use; a note in ``notes`` when it is not the one given or asked for.
 
