@@ -38,8 +38,8 @@ def register(app: dash.Dash, state: AppContext) -> None:
         "plan-gate": "data", "hotspots": "active_cell", "studio": "clickData",
         "edit-trigger": "n_clicks", "edit-sync": "n_clicks", "edit-regroup": "n_clicks",
         "edit-swap-op": "n_clicks", "tune-cancel": "n_clicks",
-        "edit-onegroup": "n_clicks", "st-tune": "data", "st-graph": "data",
-        "st-settings": "data",
+        "edit-onegroup": "n_clicks", "undo": "n_clicks", "redo": "n_clicks",
+        "st-tune": "data", "st-graph": "data", "st-settings": "data", "find": "value",
     }
     fields = {"knob-threshold": "value", "knob-ahead": "value", "knob-groupby": "value",
               "knob-sync": "value", "edit-group": "value", "edit-groupby": "value"}
@@ -57,29 +57,29 @@ def register(app: dash.Dash, state: AppContext) -> None:
     )
 
     @app.callback(
-        *[Output(s, "data") for s in stores],
-        Output("message", "children"), Output("message", "className"),
+        *[Output(s, "data") for s in stores], Output("st-history", "data"),
+        *[Output(m, p) for m in MESSAGES for p in ("children", "className")],
         Output("graph-picker", "options"), Output("graph-picker", "value"),
         *[Output(c, "value") for c in rendering.CONTROLS],
         Output("hotspots", "active_cell"), Output("hotspots", "selected_cells"),
         *[Input(k, prop) for k, prop in inputs.items()],
         *[State(k, prop) for k, prop in fields.items()],
-        State("st-plan", "data"), State("st-view", "data"),
+        State("st-plan", "data"), State("st-view", "data"), State("st-history", "data"),
+        State("st-tab", "data"),
         prevent_initial_call=True,
     )
     def _control(*args: Any) -> tuple[Any, ...]:
         names = [*inputs, *fields]
         values = dict(zip(names, args[: len(names)], strict=True))
-        plan, view = args[len(names):]
+        plan, view, history, tab = args[len(names):]
         session = {"graph": values["st-graph"], "settings": values["st-settings"],
-                   "plan": plan, "view": view}
+                   "plan": plan, "view": view, "history": history, "tab": tab}
         trigger = ctx.triggered_id if isinstance(ctx.triggered_id, str) else None
         try:
             up = edits.control(state, trigger, values, session)
         except Exception as e:  # noqa: BLE001 - a bug must not leave the page without an answer
-            return (*[no_update] * 4, internal_error(trigger or "this action", e),
-                    "message error", *[no_update] * (4 + len(rendering.CONTROLS)))
-        return _outputs(up, session)
+            up = edits.refuse(internal_error(trigger or "this action", e))
+        return _outputs(up, session, trigger)
 
     @app.callback(
         Output("studio", "figure"), Output("ordering-note", "children"),
@@ -111,6 +111,25 @@ def register(app: dash.Dash, state: AppContext) -> None:
         msg = (r.message, "message error") if r.message else (no_update, no_update)
         return (r.figure, r.note, r.summary, r.rows, r.row_styles, r.caption, r.editor,
                 r.groups, r.recomputes, r.rendered, *msg)
+
+    @app.callback(
+        Output("studio", "figure", allow_duplicate=True),
+        Output("window-note", "children"),
+        Input("studio", "relayoutData"), Input("find", "value"),
+        State("st-graph", "data"), State("st-settings", "data"), State("st-plan", "data"),
+        prevent_initial_call=True,
+    )
+    def _zoom(relayout: Any, query: Any, graph: Any, settings: Any, plan: Any
+              ) -> tuple[Any, Any]:
+        session = {"graph": graph, "settings": settings, "plan": plan}
+        trigger = ctx.triggered_id if isinstance(ctx.triggered_id, str) else None
+        try:
+            patch, note, _ = rendering.zoom(state, session, relayout, query, trigger)
+        except (LmsError, ServerBusy):
+            return no_update, no_update
+        except Exception as e:  # noqa: BLE001 - a bug must not leave the page without an answer
+            return no_update, internal_error("zooming", e)
+        return patch, note
 
     @app.callback(
         Output("download", "data", allow_duplicate=True),
@@ -206,19 +225,44 @@ def internal_error(action: str, exc: BaseException) -> str:
             " (the server keeps running; the traceback is in its log)")
 
 
-def _outputs(up: Update, session: dict[str, Any]) -> tuple[Any, ...]:
+#: The message areas: above the views (graph, batch, knobs, plan files, tuner) and next
+#: to the table and the swap editor (edits of the plan, clicks on the views).
+MESSAGES = ("message", "edit-message")
+#: Actions answered next to the table and the swap editor.
+EDIT_ACTIONS = frozenset({"hotspots", "studio", "edit-trigger", "edit-swap-op", "edit-sync",
+                          "edit-regroup", "edit-onegroup", "undo", "redo"})
+
+
+def message_outputs(up: Update, trigger: str | None) -> list[Any]:
+    """Text and class of both message areas: the answer goes next to where the user acted.
+
+    The other area is cleared with it, so that no earlier refusal stays on screen.
+
+    >>> message_outputs(Update(message="no", error=True), "hotspots")
+    ['', 'message', 'no', 'message error']
+    >>> message_outputs(Update(), "batch") == [no_update] * 4
+    True
+    """
+    if up.message is None:
+        return [no_update] * 4
+    cls = "message error" if up.error else ("message ok" if up.message else "message")
+    here = 1 if trigger in EDIT_ACTIONS else 0
+    out: list[Any] = []
+    for k in range(len(MESSAGES)):
+        out += [up.message, cls] if k == here else ["", "message"]
+    return out
+
+
+def _outputs(up: Update, session: dict[str, Any], trigger: str | None = None
+             ) -> tuple[Any, ...]:
     """The control callback's outputs for an update."""
     stores = [
         up.graph if up.graph is not None else no_update,
         up.settings if up.settings is not None else no_update,
         up.plan if up.plan is not None else no_update,
         up.view if up.view is not None else no_update,
+        up.history if up.history is not None else no_update,
     ]
-    if up.message is None:
-        msg: list[Any] = [no_update, no_update]
-    else:
-        msg = [up.message, "message error" if up.error else ("message ok" if up.message else
-                                                               "message")]
     graph = up.graph or session["graph"]
     settings = up.settings or session["settings"]
     if up.controls:
@@ -226,4 +270,4 @@ def _outputs(up: Update, session: dict[str, Any]) -> tuple[Any, ...]:
         controls = [options, value, *rendering.controls_values(settings)]
     else:
         controls = [no_update] * (2 + len(rendering.CONTROLS))
-    return (*stores, *msg, *controls, None, [])
+    return (*stores, *message_outputs(up, trigger), *controls, None, [])

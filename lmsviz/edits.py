@@ -8,9 +8,12 @@ that follows a store change does (:mod:`lmsviz.rendering`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
+import lmscore
 from lmscore.errors import ConfigError, LmsError, PlanError
 from lmscore.plan import (
     Plan,
@@ -46,7 +49,7 @@ from .state import (
 MAX_BATCH = 1 << 20
 
 
-@dataclass
+@dataclass(frozen=True)
 class Update:
     """What an action changes; None leaves a store or control as it is.
 
@@ -60,6 +63,8 @@ class Update:
         Whether the message reports a refusal.
     controls : bool
         Whether to set the form controls from the (new) settings.
+    history : dict, optional
+        New undo and redo stacks of plans (:func:`control` keeps them).
     """
 
     graph: dict[str, Any] | None = None
@@ -69,6 +74,7 @@ class Update:
     message: str | None = None
     error: bool = False
     controls: bool = False
+    history: dict[str, Any] | None = None
 
 
 def refuse(message: str) -> Update:
@@ -78,19 +84,19 @@ def refuse(message: str) -> Update:
 
 def _plan_changed(app: AppContext, loaded: LoadedGraph, plan: Plan, source: str,
                   tune: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The new plan store, saved under the data directory for restarts."""
+    """The new plan store (:func:`control` saves it for the tab and keeps its history)."""
     store = plan_store(plan, source, tune)
-    app.save_plan(loaded.fingerprint, store["json"])
     # the render that follows finds the plan parsed and checked
     app.results.put(("plan", loaded.key, plan_digest(store["json"])), plan)
     return store
 
 
 def choose_graph(app: AppContext, value: str, graph_ref: dict[str, Any],
-                 settings: dict[str, Any]) -> Update:
+                 settings: dict[str, Any], tab: str = "") -> Update:
     """The graph picker: load a bundled sample (or keep the current graph).
 
-    The batch size becomes the sample's; the plan last saved for the graph comes back.
+    The batch size becomes the sample's; the plan this tab last made for the graph comes
+    back.
     """
     if not value or not value.startswith("sample:"):
         return Update()
@@ -99,47 +105,91 @@ def choose_graph(app: AppContext, value: str, graph_ref: dict[str, Any],
     except LmsError as e:
         return refuse(str(e))
     batch = loaded.default_batch or settings.get("batch", 1)
-    return _switch_to(app, loaded, {**settings, "batch": batch})
+    return _switch_to(app, loaded, {**settings, "batch": batch}, tab)
 
 
-def _switch_to(app: AppContext, loaded: LoadedGraph, settings: dict[str, Any]) -> Update:
-    saved = app.saved_plan(loaded)
+def _switch_to(app: AppContext, loaded: LoadedGraph, settings: dict[str, Any], tab: str
+               ) -> Update:
+    saved = app.saved_plan(tab, loaded)
     plan = plan_store(saved, "saved") if saved is not None and (
         saved.swaps or saved.recomputes) else plan_store(None, "none")
     ref = loaded.ref()
     msg = f"loaded {loaded.name}: {ref['ops']:,} ops, {ref['levels']:,} levels"
+    fixed = ref.get("fixed_batch")
+    if fixed:
+        if fixed != settings.get("batch"):
+            msg += f"; its batch is fixed at {fixed}, so batch size {settings.get('batch')} " \
+                   "does not apply"
+        settings = {**settings, "batch": fixed}
     if saved is not None and plan["json"]:
-        msg += f"; restored your saved plan ({plan_counts(saved)})"
+        msg += f"; restored this tab's plan for it ({plan_counts(saved)})"
     return Update(graph=ref, settings=settings, plan=plan, view=empty_view(), message=msg,
                   controls=True)
 
 
 def upload_graph(app: AppContext, gate: dict[str, Any] | None,
-                 settings: dict[str, Any]) -> Update:
+                 settings: dict[str, Any], tab: str = "") -> Update:
     """An uploaded graph file: refuse it with a clear message, or switch to it."""
     try:
         name, data = decode_upload(gate, app.upload_cap_bytes)
         loaded = accept_upload(app, name, data)
         # sized and simulated now, so that a graph that cannot be shown never replaces one
         # that can (the render that follows finds the result cached)
-        base_of(app, loaded, int(settings.get("batch") or 1),
+        base_of(app, loaded, loaded.fixed_batch or int(settings.get("batch") or 1),
                 settings.get("workspace", "accelerator"))
     except LmsError as e:
         return refuse(f"upload refused: {e}")
-    return _switch_to(app, loaded, settings)
+    return _switch_to(app, loaded, settings, tab)
 
 
-def set_batch(settings: dict[str, Any], value: Any) -> Update:
-    """A new batch size (a positive integer); anything else is refused."""
+def whole_number(name: str, value: Any, lo: int, hi: int | None = None) -> int:
+    """A form field's value as an integer from ``lo`` to ``hi``.
+
+    Raises
+    ------
+    ConfigError
+        Naming the field and what was typed.
+
+    >>> whole_number("batch size", " 8 ", 1)
+    8
+    >>> whole_number("batch size", "2.5", 1)
+    Traceback (most recent call last):
+    ...
+    lmscore.errors.ConfigError: batch size must be a whole number from 1, got '2.5'
+    """
+    text = "" if value is None else str(value).strip()
+    rng = f"from {lo}" + (f" to {hi:,}" if hi is not None else "")
+    if not text:
+        raise ConfigError(f"{name} is empty: type a whole number {rng}")
     try:
-        batch = int(value)
-        if batch != float(value) or not 1 <= batch <= MAX_BATCH:
-            raise ValueError
-    except (TypeError, ValueError):
-        return Update(message=f"batch size must be an integer from 1 to {MAX_BATCH}, got "
-                      f"{value!r}", error=True, controls=True)
+        number = int(text)
+    except ValueError:
+        try:
+            number = int(float(text)) if float(text).is_integer() else None
+        except (ValueError, OverflowError):
+            number = None
+    if number is None or number < lo or (hi is not None and number > hi):
+        raise ConfigError(f"{name} must be a whole number {rng}, got {text!r}")
+    return number
+
+
+def set_batch(settings: dict[str, Any], value: Any, graph_ref: dict[str, Any] | None = None
+              ) -> Update:
+    """A new batch size (a positive integer); anything else is refused.
+
+    A graph whose feeds fix the batch keeps it, and the refusal says so.
+    """
+    try:
+        batch = whole_number("batch size", value, 1, MAX_BATCH)
+    except ConfigError as e:
+        return Update(message=str(e), error=True, controls=True)
+    fixed = (graph_ref or {}).get("fixed_batch")
+    if fixed and batch != fixed:
+        return Update(message=f"batch size {batch} does not apply: "
+                      f"{(graph_ref or {}).get('name', 'the graph')}'s batch is fixed at "
+                      f"{fixed} by its inputs", error=True, controls=True)
     if batch == settings.get("batch"):
-        return Update()
+        return Update(controls=True)
     return Update(settings={**settings, "batch": batch}, message="")
 
 
@@ -183,18 +233,12 @@ def read_knobs(threshold: Any, ahead: Any, groupby: Any, sync_mode: Any) -> dict
     Raises
     ------
     ConfigError
-        If one is not an integer.
+        If one is not a whole number in its range (the message names it).
     """
-    out = {}
-    for name, value in (("threshold", threshold), ("ahead", ahead), ("groupby", groupby),
-                        ("sync_mode", sync_mode)):
-        try:
-            out[name] = int(value)
-            if out[name] != float(value):
-                raise ValueError
-        except (TypeError, ValueError):
-            raise ConfigError(f"{name} must be an integer, got {value!r}") from None
-    return out
+    return {"threshold": whole_number("threshold", threshold, 1),
+            "ahead": whole_number("ahead", ahead, 1),
+            "groupby": whole_number("groupby", groupby, 0),
+            "sync_mode": whole_number("sync mode", sync_mode, 0, 3)}
 
 
 def apply_knobs(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, Any],
@@ -306,23 +350,83 @@ def select_tensor(view: dict[str, Any], tensor: str) -> Update:
     return Update(view={**view, "tensor": tensor})
 
 
-def click_figure(view: dict[str, Any], click: dict[str, Any] | None, graph_ref: dict[str, Any]
-                 ) -> Update:
-    """A click on the figure: an op (selects it and its level), a swap op, or a level."""
+def click_figure(app: AppContext, view: dict[str, Any], click: dict[str, Any] | None,
+                 graph_ref: dict[str, Any]) -> Update:
+    """A click on the figure: an op (selects it and its level), a swap op, or a level.
+
+    Plotly's click event names a point by its trace and its index in it (``curveNumber``,
+    ``pointNumber``); a lane trace holds its category's ops in graph order, so the op is
+    found from those two (the point's ``customdata`` does not survive as an op index).
+    """
     if not click or not click.get("points"):
         return Update()
     point = click["points"][0]
     curve = point.get("curveNumber")
     n_levels = int(graph_ref.get("levels", 1))
     up = select_level(view, point.get("x"), n_levels)
-    new_view = up.view or dict(view)
+    new_view = dict(up.view or view)
     data = point.get("customdata")
-    on_op = curve is not None and curve < len(figures.CATEGORIES)
-    if on_op and isinstance(data, int) and data >= 0:
-        new_view["op"] = data
-    elif curve == figures.T_SWAP_OPS and isinstance(data, str):
+    if isinstance(curve, int) and 0 <= curve < len(figures.CATEGORIES):
+        try:
+            loaded = app.resolve(graph_ref)
+        except LmsError as e:
+            return refuse(str(e))
+        op = op_at(app, loaded, curve, point.get("pointNumber"), new_view.get("level"))
+        if op is None:
+            return Update(view=new_view, message="this point stands for many ops: zoom in "
+                          "(drag over the ordering view) to pick one")
+        new_view["op"] = op
+        return Update(view=new_view, message=f"selected op {loaded.graph.ops[op].name} "
+                      f"(level {new_view.get('level')})")
+    if curve == figures.T_DETAIL_OPS and isinstance(data, int) and data >= 0:
+        new_view["op"] = data  # the window's ops carry their index
+        return Update(view=new_view)
+    if curve in (figures.T_SWAP_OPS, figures.T_DETAIL_MARKS) and isinstance(data, str):
         new_view["tensor"] = data
     return Update(view=new_view)
+
+
+def find_name(app: AppContext, graph_ref: dict[str, Any], view: dict[str, Any], query: Any
+              ) -> Update:
+    """Select the op or tensor whose name best matches ``query`` (:func:`lmscore.browse.find`)."""
+    from lmscore.browse import find
+
+    try:
+        loaded = app.resolve(graph_ref)
+    except LmsError as e:
+        return refuse(str(e))
+    matches = find(loaded.graph, str(query or ""), 1)
+    if not matches:
+        return refuse(f"no op or tensor named like {str(query or '')!r}") if query else Update()
+    m = matches[0]
+    level = int(lmscore.order(loaded.graph).levels[m.op])
+    new_view = {**view, "op": m.op, "level": level}
+    if m.is_tensor:
+        new_view["tensor"] = m.name
+    return Update(view=new_view, message=f"found {m.name} at level {level}")
+
+
+def op_at(app: AppContext, loaded: LoadedGraph, lane: int, point: Any, level: Any
+          ) -> int | None:
+    """The op drawn as point ``point`` of lane trace ``lane``, or None.
+
+    None when the view is aggregated (a point is a bin of ops) or the point does not match
+    an op at ``level`` (the figure on the page is not this graph's).
+    """
+    if not isinstance(point, int) or point < 0 or len(loaded.graph.ops) > app.max_points:
+        return None
+
+    def lanes() -> tuple[np.ndarray, ...]:
+        cats = np.asarray(lmscore.order(loaded.graph).categories)
+        return tuple(np.flatnonzero(cats == c) for c in figures.CATEGORIES)
+
+    members = app.results.get_or_compute(("lanes", loaded.key), lanes)[lane]
+    if point >= len(members):
+        return None
+    op = int(members[point])
+    if level is not None and lmscore.order(loaded.graph).levels[op] != level:
+        return None
+    return op
 
 
 def set_trigger(app: AppContext, graph_ref: dict[str, Any], plan_data: dict[str, Any],
@@ -361,12 +465,7 @@ def regroup_swap(app: AppContext, graph_ref: dict[str, Any], plan_data: dict[str
         if groupby is None:
             groups: list[tuple[str, ...]] = [tuple(consumers)]
         else:
-            try:
-                gb = int(groupby)
-            except (TypeError, ValueError):
-                raise ConfigError(f"groupby must be an integer, got {groupby!r}") from None
-            if gb < 0:
-                raise ConfigError(f"groupby must be >= 0, got {gb}")
+            gb = whole_number("groupby", groupby, 0)
             groups = group_consumers(loaded.graph, consumers, gb)
         new = regroup(loaded.graph, plan, tensor, groups)
     except LmsError as e:
@@ -391,6 +490,9 @@ def load_plan_file(app: AppContext, graph_ref: dict[str, Any], gate: dict[str, A
     try:
         name, data = decode_upload(gate, app.upload_cap_bytes)
         loaded = app.resolve(graph_ref)
+        if not name.lower().endswith(".json"):
+            raise PlanError(f"{name}: not a plan file (load plan takes the .json file that "
+                            "save plan or lms tune --out wrote)")
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
@@ -432,6 +534,42 @@ def restore() -> Update:
     return Update(controls=True)
 
 
+#: Plans kept per tab for undo (and for redo); older ones are dropped.
+MAX_HISTORY = 30
+#: Characters of plan JSON the history keeps (it lives in the tab's session storage).
+MAX_HISTORY_CHARS = 2_000_000
+
+
+def _bounded(stack: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The newest entries of ``stack`` within :data:`MAX_HISTORY` and the size bound."""
+    kept: list[dict[str, Any]] = []
+    size = 0
+    for entry in reversed(stack[-MAX_HISTORY:]):
+        size += len(entry.get("json") or "")
+        if size > MAX_HISTORY_CHARS and kept:
+            break
+        kept.append(entry)
+    return kept[::-1]
+
+
+def undo_redo(app: AppContext, graph_ref: dict[str, Any], plan_data: dict[str, Any],
+              history: dict[str, Any], redo: bool) -> Update:
+    """Go back to the plan before the last edit (``redo``: forward again)."""
+    take, give = ("redo", "undo") if redo else ("undo", "redo")
+    stack = list(history.get(take) or [])
+    if not stack:
+        return refuse(f"nothing to {take}")
+    entry = stack.pop()
+    try:
+        loaded = app.resolve(graph_ref)
+        plan = plan_of(app, loaded, entry.get("json"))
+    except LmsError as e:
+        return refuse(f"{take}: {e}")
+    other = _bounded([*(history.get(give) or []), plan_data])
+    return Update(plan=dict(entry), history={take: stack, give: other},
+                  message=f"{take} done: the plan has {plan_counts(plan)}")
+
+
 def control(app: AppContext, trigger: str | None, values: dict[str, Any],
             session: dict[str, Any]) -> Update:
     """Dispatch one user action to its function.
@@ -443,16 +581,53 @@ def control(app: AppContext, trigger: str | None, values: dict[str, Any],
     values : dict
         Current values of the inputs and form fields, by component id.
     session : dict
-        ``graph``, ``settings``, ``plan``, ``view`` store data.
+        ``graph``, ``settings``, ``plan``, ``view`` and ``history`` store data and the
+        tab's id (``tab``).
+
+    Returns
+    -------
+    Update
+        A changed plan is saved for the tab (``plans/<tab>/``) and the plan before it
+        pushed on the tab's undo stack; a successful action clears an earlier message.
     """
+    up = _dispatch(app, trigger, values, session)
+    history = session.get("history") or {}
+    if up.plan is not None and up.history is None and not up.error:
+        if up.graph is not None:  # another graph: its plans are another history
+            history = {"undo": [], "redo": []}
+        else:
+            history = {"undo": _bounded([*(history.get("undo") or []),
+                                         session["plan"] or {}]), "redo": []}
+        up = replace(up, history=history)
+    if up.plan is not None and not up.error:
+        fp = str((up.graph or session["graph"] or {}).get("fingerprint", ""))
+        app.save_plan(str(session.get("tab") or ""), fp, up.plan.get("json"))
+    if up.message is None and not up.error and trigger in USER_ACTIONS:
+        up = replace(up, message="")  # the last refusal no longer applies
+    return up
+
+
+#: Components whose firing is a user's action (the stores fire on reloads too).
+USER_ACTIONS = frozenset({
+    "graph-picker", "graph-gate", "batch", "budget", "workspace", "device", "link",
+    "knobs-apply", "plan-reset", "plan-gate", "hotspots", "studio", "edit-trigger",
+    "edit-swap-op", "edit-sync", "edit-regroup", "edit-onegroup", "undo", "redo",
+    "tune-cancel", "st-tune",
+})
+
+
+def _dispatch(app: AppContext, trigger: str | None, values: dict[str, Any],
+              session: dict[str, Any]) -> Update:
+    """The action's own function (see :func:`control`)."""
     g, s, p, v = session["graph"], session["settings"], session["plan"] or {}, session["view"]
     v = v or empty_view()
+    tab = str(session.get("tab") or "")
     if trigger == "graph-picker":
-        return choose_graph(app, values.get("graph-picker") or "", g, s)
+        return choose_graph(app, values.get("graph-picker") or "", g, s, tab)
     if trigger == "graph-gate":
-        return upload_graph(app, values.get("graph-gate"), s)
+        return upload_graph(app, values.get("graph-gate"), s, tab)
     if trigger == "batch":
-        return set_batch(s, values.get("batch"))
+        return set_batch(s, values.get("batch"), g)
     if trigger == "budget":
         return set_budget(s, values.get("budget"))
     if trigger == "workspace":
@@ -478,7 +653,9 @@ def control(app: AppContext, trigger: str | None, values: dict[str, Any],
             return toggle_recompute(app, g, s, p, v, tensor)
         return select_tensor(v, tensor)
     if trigger == "studio":
-        return click_figure(v, values.get("studio"), g)
+        return click_figure(app, v, values.get("studio"), g)
+    if trigger == "find":
+        return find_name(app, g, v, values.get("find"))
     if trigger == "edit-trigger":
         if v.get("op") is None:
             return refuse("click an op in the ordering view first: it becomes the trigger")
@@ -498,6 +675,8 @@ def control(app: AppContext, trigger: str | None, values: dict[str, Any],
         return regroup_swap(app, g, p, v.get("tensor"), values.get("edit-groupby"))
     if trigger == "edit-onegroup":
         return regroup_swap(app, g, p, v.get("tensor"), None)
+    if trigger in ("undo", "redo"):
+        return undo_redo(app, g, p, session.get("history") or {}, trigger == "redo")
     if trigger == "tune-cancel":
         return Update(message="auto-tune cancelled; the plan is unchanged")
     if trigger == "st-tune":

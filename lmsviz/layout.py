@@ -13,6 +13,7 @@ from typing import Any
 from dash import dash_table, dcc, html
 from dash.dash_table.Format import Format, Scheme
 
+from . import figures
 from .state import AppContext, presets
 
 #: Labels of the sync modes (TFLMS v2).
@@ -29,6 +30,7 @@ HOTSPOT_COLUMNS = [
     {"name": "swappable", "id": "swappable"},
     {"name": "recomputable", "id": "recomputable"},
     {"name": "decision", "id": "decision"},
+    {"name": "on the device as", "id": "held"},
     {"name": "swap", "id": "swap"},
     {"name": "recompute", "id": "recompute"},
 ]
@@ -47,8 +49,20 @@ def _field(label: str, control: Any, hint: str = "") -> html.Label:
 
 
 def _number(id_: str, value: Any, minimum: int, hint: str, label: str) -> html.Label:
-    return _field(label, dcc.Input(id=id_, type="number", value=value, min=minimum, step=1,
+    # text, not type="number": the browser sends an out-of-range or fractional number as
+    # None, and the refusal could not say what was typed
+    return _field(label, dcc.Input(id=id_, type="text", inputMode="numeric", value=value,
                                    debounce=True, className="num"), hint)
+
+
+#: The graph's config: no link, logo, cloud or chart-studio button, no wheel zoom (the
+#: wheel scrolls the page; zoom by dragging or with the buttons).
+GRAPH_CONFIG = {
+    "displaylogo": False, "scrollZoom": False, "showSendToCloud": False,
+    "showEditInChartStudio": False, "plotlyServerURL": "", "showLink": False,
+    "sendData": False, "showTips": False,
+    "modeBarButtonsToRemove": ["lasso2d", "select2d", "sendDataToCloud", "editInChartStudio"],
+}
 
 
 def preset_options(table: dict[str, Any]) -> list[dict[str, str]]:
@@ -71,9 +85,11 @@ def controls(session: dict[str, Any], picker: tuple[list[dict[str, str]], str]) 
         html.Div([
             _field("graph", dcc.Dropdown(id="graph-picker", options=options, value=value,
                                          clearable=False, className="picker")),
+            # no accept filter: a file of another type must get a message, not be dropped
             dcc.Upload(id="graph-upload", children=html.Div(["upload .pb / .pbtxt / .zip"]),
-                       className="upload", accept=".pb,.pbtxt,.txt,.prototxt,.graphdef,.zip"),
-            _number("batch", s["batch"], 1, "fills the unknown batch dimension", "batch size"),
+                       className="upload"),
+            _number("batch", s["batch"], 1, "fills the unknown batch dimension (a graph "
+                    "whose inputs fix the batch keeps it)", "batch size"),
             _field("budget", dcc.Input(id="budget", type="text", value=s["budget"],
                                        debounce=True, className="text"),
                    "device memory budget, e.g. 16GiB or 15.5GB"),
@@ -114,7 +130,7 @@ def controls(session: dict[str, Any], picker: tuple[list[dict[str, str]], str]) 
             html.Span("plan", className="label"),
             html.Button("save plan", id="plan-save"),
             dcc.Upload(id="plan-upload", children=html.Div("load plan (.json)"),
-                       className="upload small", accept=".json"),
+                       className="upload small"),
             html.Button("reset plan", id="plan-reset"),
             html.Span(className="sep"),
             html.Span("export", className="label"),
@@ -132,16 +148,28 @@ def views(rendered: Any) -> html.Div:
     """The linked views: the figure, the hotspot table, the swap editor, the recomputes."""
     return html.Div([
         html.Div(rendered.note, id="ordering-note", className="note"),
+        html.Div([
+            dcc.Input(id="find", type="text", debounce=True, className="text",
+                      placeholder="find an op or tensor by name (Enter)"),
+            html.Span(id="window-note", className="note"),
+        ], className="row"),
+        html.Details([
+            html.Summary("what a level is, and every mark"),
+            html.P(figures.LEVEL_HELP, className="hint"),
+            html.Ul([html.Li([html.Span(g, style={"color": c, "fontWeight": "700",
+                                                  "marginRight": "6px"}), m])
+                     for g, c, m in figures.LEGEND], className="legend"),
+        ], id="legend"),
         dcc.Loading(
             dcc.Graph(id="studio", figure=rendered.figure, className="studio",
-                      config={"displaylogo": False, "scrollZoom": True,
-                              "modeBarButtonsToRemove": ["lasso2d", "select2d"]}),
+                      config=GRAPH_CONFIG),
             delay_show=400, overlay_style={"visibility": "visible", "opacity": 0.6},
             type="dot",
         ),
         html.Div([
             html.Div([
                 html.Div(rendered.caption, id="hotspot-caption", className="caption"),
+                html.Div(id="edit-message", className="message", role="status"),
                 _table(
                     id="hotspots", columns=HOTSPOT_COLUMNS, data=rendered.rows,
                     sort_action="native", filter_action="native", page_action="native",
@@ -160,6 +188,11 @@ def views(rendered: Any) -> html.Div:
                 ),
             ], className="table"),
             html.Div([
+                html.Div([
+                    html.Button("↶ undo", id="undo", title="back to the plan before the last "
+                                "edit"),
+                    html.Button("↷ redo", id="redo", title="forward again"),
+                ], className="row"),
                 html.H4("swap editor"),
                 html.Div(rendered.editor, id="swap-editor"),
                 html.Div([
@@ -174,7 +207,7 @@ def views(rendered: Any) -> html.Div:
                                 title="click an op in the ordering view first"),
                 ], className="row"),
                 html.Div([
-                    dcc.Input(id="edit-groupby", type="number", value=5, min=0, step=1,
+                    dcc.Input(id="edit-groupby", type="text", inputMode="numeric", value=5,
                               className="num"),
                     html.Button("regroup by levels", id="edit-regroup"),
                     html.Button("one group", id="edit-onegroup"),
@@ -215,6 +248,9 @@ def build(app: AppContext, session: dict[str, Any], rendered: Any,
         dcc.Store(id="st-settings", storage_type="session", data=session["settings"]),
         dcc.Store(id="st-plan", storage_type="session", data=session["plan"]),
         dcc.Store(id="st-view", storage_type="session", data=session["view"]),
+        dcc.Store(id="st-history", storage_type="session", data=session["history"]),
+        # the tab's id: a reloaded tab keeps the one in its session storage
+        dcc.Store(id="st-tab", storage_type="session", data=session["tab"]),
         dcc.Store(id="st-rendered", data=rendered.rendered),
         dcc.Store(id="st-tune"),
         dcc.Store(id="graph-gate"),

@@ -23,7 +23,7 @@ from lmscore.plan import Plan, Recompute, empty_plan
 from lmscore.units import format_bytes, parse_bytes
 
 from . import figures
-from .results import After, Base, after_of, base_of, plan_digest, plan_of
+from .results import After, Base, after_of, base_of, live_row, plan_digest, plan_of
 from .state import AppContext, LoadedGraph, default_settings, empty_view, sample_options
 
 SWAP_ON, SWAP_OFF, SWAP_NO = "☑ swapped", "☐ swap", "—"
@@ -34,7 +34,7 @@ KEPT, SWAPPED, RECOMPUTED = "kept", "swapped", "recomputed"
 MAX_LISTED = 20
 
 
-@dataclass
+@dataclass(frozen=True)
 class Rendered:
     """Everything :func:`render` produces for one session state."""
 
@@ -90,6 +90,8 @@ def render(app: AppContext, session: dict[str, Any], *, full: bool = True,
         peak_before=(sim.peak_level, sim.peak_bytes),
         peak_after=(after.peak_level, after.sim.peak_bytes) if after else None,
         budget=budget,
+        hover_before=_hover(app, base, None),
+        hover_after=_hover(app, base, after) if after else None,
     )
     level = view.get("level")
     table_level = level if level is not None else (after.peak_level if after else sim.peak_level)
@@ -106,11 +108,12 @@ def render(app: AppContext, session: dict[str, Any], *, full: bool = True,
         if data:
             for k, tr in enumerate(figures.dynamic_traces(swaps, base.positions, curves)):
                 figure["data"][figures.T_SWAP_EDGES + k] = tr.to_plotly_json()
-            figure["layout"]["yaxis2"]["range"] = figures.memory_range(curves)
+            for k, v in figures.memory_axis(curves).items():
+                figure["layout"]["yaxis2"][k] = v
         figure["layout"]["shapes"] = figures.selection_shapes(hl, base.positions)
         note = no_update
     ahead = int(settings.get("knobs", {}).get("ahead", 1))
-    rows = hotspot_rows(base, plan, table_level, ahead=ahead)
+    rows = hotspot_rows(base, plan, table_level, ahead=ahead, after=after)
     styles = _row_styles(view.get("tensor"))
     where = ("selected level" if level is not None else
              "peak with the plan" if after else "peak")
@@ -156,20 +159,43 @@ def _swap_draws(loaded: LoadedGraph, plan: Plan) -> list[figures.SwapDraw]:
     return out
 
 
-def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1
-                 ) -> list[dict[str, Any]]:
-    """Rows of the hotspot table: the tensors live at ``level``, largest first.
+def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1,
+                 after: After | None = None) -> list[dict[str, Any]]:
+    """Rows of the hotspot table: the tensors on the device at ``level``, largest first.
 
-    Each row says what the plan does with its tensor (``decision``) and whether a hand
-    edit would swap it (``swappable``, :func:`lmscore.hotspots`' verdict) or recompute it
-    (``recomputable``, :meth:`Base.recompute_refused` with the ``ahead`` knob).
+    Without ``after`` the rows are the unplanned step's (:func:`lmscore.hotspots`). With
+    it they are what the plan really leaves on the device there
+    (:meth:`lmscore.evaluate.PlanEvaluation.on_device`): a swapped tensor only while a
+    swap-in holds it back, recomputed tensors as their clones' outputs. Each row says what
+    the plan does with its tensor (``decision``), what holds it (``held``), and whether a
+    hand edit would swap it (``swappable``) or recompute it (``recomputable``,
+    :meth:`Base.recompute_refused` with the ``ahead`` knob).
     """
     swapped = set(plan.swapped())
     recomputed = set(plan.recomputed())
-    rows = []
+    verdicts = {}
     for t in base.live(level):
+        for name in {t.tensor, t.swap_tensor} - {""}:
+            verdicts.setdefault(name, t)
+    if after is None:
+        listed = [(t, t.bytes, KEPT) for t in base.live(level)]
+    else:
+        listed = []
+        for r in after.evaluation.on_device(level):
+            t = verdicts.get(r.of) or (live_row(base, r.of) if r.of else None)
+            if t is None:  # a workspace of the rewritten step: no tensor to toggle
+                t = lmscore.LiveTensor(tensor=r.tensor, bytes=r.bytes, producer_level=level,
+                                       last_use_level=level, distance=0, category="—",
+                                       swappable=False, reason="kernel workspace")
+            listed.append((t, r.bytes, r.kind))
+    rows = []
+    seen = set()
+    for t, nbytes, held in listed:
         # a row is a buffer; a toggle edits the tensor of it that is read farthest away
         tensor = t.swap_tensor or t.tensor
+        if tensor in seen:  # two swap-ins of one tensor: one row (the largest first)
+            continue
+        seen.add(tensor)
         on = t.tensor in swapped or t.swap_tensor in swapped
         again = t.tensor in recomputed or t.swap_tensor in recomputed
         if split_tensor(tensor)[0] in base.loaded.graph.index:
@@ -178,12 +204,13 @@ def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1
             refused = t.reason
         rows.append({
             "id": tensor, "tensor": t.tensor,
-            "mib": round(t.bytes / figures.MIB, 3),
+            "mib": round(nbytes / figures.MIB, 3),
             "producer_level": t.producer_level, "last_use_level": t.last_use_level,
             "distance": t.distance, "category": t.category,
             "swappable": "yes" if t.swappable else t.reason,
             "recomputable": "yes" if not refused else refused,
             "decision": SWAPPED if on else (RECOMPUTED if again else KEPT),
+            "held": held,
             "swap": SWAP_ON if on else (SWAP_OFF if t.swappable else SWAP_NO),
             "recompute": RECOMPUTE_ON if again else (RECOMPUTE_OFF if not refused else SWAP_NO),
         })
@@ -269,7 +296,7 @@ def summary(loaded: LoadedGraph, base: Base, plan: Plan, plan_data: dict[str, An
         item("budget", fits, "fits", fits_cls),
         item("plan", {"none": "empty", "knobs": "from the knobs", "hand": "edited by hand",
                       "tuner": "from auto-tune", "file": "loaded from a file",
-                      "saved": "restored from your last session"}.get(
+                      "saved": "restored: this tab's plan for this graph"}.get(
                           str(plan_data.get("source")), "—"), "source"),
     ]
     if skipped:
@@ -361,3 +388,89 @@ def picker(graph_ref: dict[str, Any]) -> tuple[list[dict[str, str]], str]:
     value = f"{origin}:{graph_ref.get('key', '')[:12]}"
     label = f"{graph_ref.get('name', 'graph')} ({'uploaded' if origin == 'upload' else 'file'})"
     return [{"label": label, "value": value}, *options], value
+
+
+# --- the level window, drawn op by op -------------------------------------------------------
+
+#: Levels either side of a found op when the view zooms to it.
+FIND_SPAN = 12
+
+
+def zoom(app: AppContext, session: dict[str, Any], relayout: Any, query: Any,
+         trigger: str | None) -> tuple[Any, Any, str | None]:
+    """The figure's level window drawn op by op, after a zoom or pan or a name search.
+
+    Returns
+    -------
+    patch : dash.Patch or no_update
+        The window's detail traces (and, for a search, the x-axis range).
+    note : str or no_update
+    message : str or None
+        A search that found nothing says so.
+    """
+    from lmscore.browse import data_edges, find
+
+    graph_ref, settings = session["graph"], session["settings"]
+    loaded = app.resolve(graph_ref)
+    batch = int(settings["batch"])
+    base = base_of(app, loaded, batch, settings.get("workspace", "accelerator"))
+    n_levels = len(base.sim.device_curve)
+    patch = dash.Patch()
+    if trigger == "find":
+        matches = find(loaded.graph, str(query or ""), 1)
+        if not matches:
+            return no_update, no_update, f"no op or tensor named like {str(query or '')!r}"
+        lvl = int(lmscore.order(loaded.graph).levels[matches[0].op])
+        window: tuple[int, int] | None = (max(lvl - FIND_SPAN, 0),
+                                          min(lvl + FIND_SPAN, n_levels - 1))
+        for ax in ("xaxis", "xaxis2"):
+            patch["layout"][ax]["range"] = [window[0] - 0.5, window[1] + 0.5]
+            patch["layout"][ax]["autorange"] = False
+    else:
+        window = figures.window_from_relayout(relayout, n_levels, (-1, -1))
+        if window == (-1, -1):  # the event did not move the x-axis
+            return no_update, no_update, None
+    try:
+        plan = plan_of(app, loaded, (session["plan"] or {}).get("json"))
+    except PlanError:
+        plan = empty_plan(loaded.graph)
+    edges = app.results.get_or_compute(("edges", loaded.key, batch),
+                                       lambda: data_edges(loaded.graph, base.sizes))
+    traces, note = figures.window_traces(base.ops, base.positions, edges, window,
+                                         _swap_draws(loaded, plan),
+                                         _recompute_draws(loaded, plan))
+    for k, tr in enumerate(traces):
+        patch["data"][figures.T_DETAIL_EDGES + k] = tr.to_plotly_json()
+    return patch, note, None
+
+
+def _recompute_draws(loaded: LoadedGraph, plan: Plan) -> list[figures.RecomputeDraw]:
+    index = loaded.graph.index
+    adj = loaded.graph.adjacency
+    out = []
+    for r in plan.recomputes:
+        cloned = {index[o] for o in r.ops}
+        inputs = sorted({p for o in cloned for p, _ in adj.data_in[o] if p not in cloned})
+        out.append(figures.RecomputeDraw(r.tensor, r.ops, tuple(inputs),
+                                         tuple(index[c] for c in r.consumers),
+                                         index[r.trigger]))
+    return out
+
+
+def _hover(app: AppContext, base: Base, after: After | None) -> list[str]:
+    """Hover text of a device curve: each level's bytes and its three largest buffers."""
+    from lmscore.evaluate import dominant_by_level
+
+    def compute() -> list[str]:
+        if after is None:
+            sim, tops = base.sim, dominant_by_level(base.loaded.graph, base.sim)
+            values, label = sim.device_curve, "device, before"
+        else:
+            sim, tops = after.sim, after.evaluation.dominant()
+            values, label = after.device, "device, with the plan"
+        pairs = [[(r.what, r.bytes) for r in row] for row in tops]
+        return figures.level_hover(values, pairs, sim.persistent_bytes + sim.input_bytes, label)
+
+    digest = "" if after is None else plan_digest(after.plan.to_json())
+    return app.results.get_or_compute(
+        ("hover", base.loaded.key, base.batch, base.workspace, digest), compute)

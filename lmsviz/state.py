@@ -26,6 +26,7 @@ import importlib
 import os
 import pathlib
 import re
+import secrets
 import tempfile
 import threading
 import time
@@ -55,6 +56,7 @@ DEFAULT_SAMPLE = "resnet50"
 DEFAULT_BUDGET = "16GiB"
 DEFAULT_KNOBS = {"threshold": 5, "ahead": 1, "groupby": 5, "sync_mode": 0}
 _HEX = re.compile(r"^[0-9a-f]{64}$")
+_TAB = re.compile(r"[0-9a-f]{32}")
 
 
 #: Heavy computations (parsing, simulating, rewriting, tuning) the server runs at once.
@@ -258,13 +260,20 @@ class LoadedGraph:
         """Plan fingerprint of the graph (:func:`lmscore.plan.fingerprint`)."""
         return fingerprint(self.graph)
 
+    @property
+    def fixed_batch(self) -> int | None:
+        """The batch size every feed of the graph fixes, or None when it is unknown."""
+        from lmscore.cli import fixed_batch
+
+        return fixed_batch(self.graph)
+
     def ref(self) -> dict[str, Any]:
         """The session's reference to this graph (what ``st-graph`` holds)."""
         ordering = lmscore.order(self.graph)
         return {
             "key": self.key, "name": self.name, "origin": self.origin,
             "fingerprint": self.fingerprint, "ops": len(self.graph.ops),
-            "levels": ordering.num_levels,
+            "levels": ordering.num_levels, "fixed_batch": self.fixed_batch,
         }
 
 
@@ -360,25 +369,49 @@ class AppContext:
 
     # --- plans --------------------------------------------------------------------------
 
-    def save_plan(self, fp: str, plan_json: str) -> None:
-        """Write the session's plan for graph ``fp`` (atomically); errors are ignored."""
-        if not re.fullmatch(r"[0-9a-f]{16}", fp):
+    def save_plan(self, tab: str, fp: str, plan_json: str | None) -> None:
+        """Write tab ``tab``'s plan for graph ``fp`` (atomically); errors are ignored.
+
+        Plans are kept per tab (``plans/<tab>/<fp>.json``): another tab, or another user of
+        a server started with ``--host``, never sees them.
+        """
+        if not (valid_tab(tab) and re.fullmatch(r"[0-9a-f]{16}", fp)):
             return
         try:
-            self.plans_dir.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.plans_dir / f"{fp}.json", plan_json)
+            folder = self.plans_dir / tab
+            folder.mkdir(parents=True, exist_ok=True)
+            write_atomic(folder / f"{fp}.json", plan_json or "")
         except (OSError, ConfigError):
             pass  # a read-only home must not break editing
 
-    def saved_plan(self, loaded: LoadedGraph) -> Plan | None:
-        """The plan last saved for this graph, if it still fits it."""
-        p = self.plans_dir / f"{loaded.fingerprint}.json"
+    def saved_plan(self, tab: str, loaded: LoadedGraph) -> Plan | None:
+        """The plan tab ``tab`` last saved for this graph, if it still fits it."""
+        if not valid_tab(tab):
+            return None
+        p = self.plans_dir / tab / f"{loaded.fingerprint}.json"
         try:
-            plan = plan_from_json(p.read_text(), str(p))
+            text = p.read_text()
+            if not text:
+                return None  # the tab emptied its plan
+            plan = plan_from_json(text, str(p))
             check_plan(loaded.graph, plan)
         except (OSError, UnicodeDecodeError, LmsError):
             return None
         return plan
+
+
+def valid_tab(tab: Any) -> bool:
+    """Whether ``tab`` is a tab id as :func:`new_tab_id` makes them (safe as a file name).
+
+    >>> valid_tab(new_tab_id()), valid_tab("../etc"), valid_tab(None)
+    (True, False, False)
+    """
+    return isinstance(tab, str) and _TAB.fullmatch(tab) is not None
+
+
+def new_tab_id() -> str:
+    """A random id for a new browser tab (kept in its session storage)."""
+    return secrets.token_hex(16)
 
 
 def new_context(
@@ -530,8 +563,20 @@ def _parse(data: bytes, name: str, cap: int, max_ops: int) -> Graph:
     suffix = pathlib.Path(name).suffix.lower()
     if data[:4] == b"PK\x03\x04" or suffix == ".zip":
         return _load_zip(data, name, cap, max_ops)
-    text = True if suffix in _TEXT_SUFFIXES else None
-    return lmscore.from_graphdef_bytes(data, source=name, text=text, max_ops=max_ops)
+    if suffix in _TEXT_SUFFIXES:
+        return lmscore.from_graphdef_bytes(data, source=name, text=True, max_ops=max_ops)
+    try:
+        # binary by its suffix: a cut or damaged file is said to be that, not a text error
+        return lmscore.from_graphdef_bytes(data, source=name, text=False, max_ops=max_ops)
+    except GraphError as e:
+        if "corrupt or truncated" not in str(e):
+            raise  # it parsed, and something else is wrong with it
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise GraphError(f"{name}: not a GraphDef: the binary protobuf does not parse "
+                             "(the file is cut short or damaged)") from None
+        return lmscore.from_graphdef_bytes(data, source=name, text=True, max_ops=max_ops)
 
 
 def _load_zip(data: bytes, name: str, cap: int, max_ops: int) -> Graph:
@@ -601,22 +646,31 @@ def _keep_upload(ctx: AppContext, key: str, suffix: str, data: bytes) -> None:
 def new_session(ctx: AppContext) -> dict[str, Any]:
     """Initial data of the session stores for a new tab.
 
+    A new tab starts with no plan: plans come back only to the tab that made them (its id
+    is kept in its session storage) or by an explicit "load plan".
+
     Returns
     -------
     dict
         ``graph`` (:meth:`LoadedGraph.ref`), ``settings`` (batch, budget, device and link
         presets, knobs), ``plan`` (plan JSON or None, where it came from, the tuner's
-        verdict) and ``view`` (selected level, tensor and op).
+        verdict), ``view`` (selected level, tensor and op), ``history`` (the tab's undo
+        and redo stacks of plans) and ``tab`` (the tab's id).
     """
     loaded = ctx.initial
-    saved = ctx.saved_plan(loaded)
     return {
         "graph": loaded.ref(),
-        "settings": default_settings(ctx.initial_batch),
-        "plan": plan_store(saved, "saved") if saved is not None and (
-            saved.swaps or saved.recomputes) else plan_store(None, "none"),
+        "settings": default_settings(loaded.fixed_batch or ctx.initial_batch),
+        "plan": plan_store(None, "none"),
         "view": empty_view(),
+        "history": empty_history(),
+        "tab": new_tab_id(),
     }
+
+
+def empty_history() -> dict[str, list[dict[str, Any]]]:
+    """No plan to undo or redo."""
+    return {"undo": [], "redo": []}
 
 
 def default_settings(batch: int) -> dict[str, Any]:

@@ -153,8 +153,12 @@ class Session:
                 status = r_status if r_status != 200 else status
         return status, response
 
-    def message(self) -> str:
-        return str(self.props.get("message", {}).get("children") or "")
+    def message(self, area: str | None = None) -> str:
+        """The text of message area ``area``, or the one that shows something (both
+        areas never do: an answer clears the other)."""
+        areas = (area,) if area else ("edit-message", "message")
+        return next((t for a in areas if (t := str(self.props.get(a, {}).get("children")
+                                                   or ""))), "")
 
     def text(self, cid: str) -> str:
         """The text of component ``cid`` wherever it is nested (e.g. the summary's items)."""

@@ -57,6 +57,7 @@ from selenium.common.exceptions import (  # noqa: E402
 )
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.actions.wheel_input import ScrollOrigin  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -134,9 +135,18 @@ def upload(driver: Any, upload_id: str, path: pathlib.Path) -> None:
     driver.find_element(By.CSS_SELECTOR, f"#{upload_id} input[type=file]").send_keys(str(path))
 
 
-def message_with(driver: Any, *words: str, timeout: float = 30) -> str:
-    return wait(driver, lambda: (t := text(driver, "message")) and all(w in t for w in words)
-                and t, timeout, f"message with {words}: got {text(driver, 'message')!r}")
+def messages(driver: Any) -> str:
+    """What the two message areas say (above the views, next to the table)."""
+    return " | ".join(t for t in (text(driver, "message"), text(driver, "edit-message")) if t)
+
+
+def message_with(driver: Any, *words: str, timeout: float = 30, area: str | None = None
+                 ) -> str:
+    """Wait for a message holding ``words`` (in ``area`` if given, else in either area)."""
+    def read() -> str:
+        return text(driver, area) if area else messages(driver)
+    return wait(driver, lambda: (t := read()) and all(w in t for w in words) and t, timeout,
+                f"message with {words}: got {messages(driver)!r}")
 
 
 def severe_logs(driver: Any) -> list[str]:
@@ -212,8 +222,9 @@ def test_recompute_a_tensor_by_hand_and_see_a_refusal(browser: Any) -> None:
     # a tensor the plan cannot recompute: refused in the message area, nothing changes
     assert cell(browser, update, "recompute").text == "—"
     cell(browser, update, "recompute").click()
-    t = message_with(browser, "edit refused", "cannot be recomputed: update op")
-    assert "error" in browser.find_element(By.ID, "message").get_attribute("class"), t
+    t = message_with(browser, "edit refused", "cannot be recomputed: update op",
+                     area="edit-message")  # next to the table, where the click was
+    assert "error" in browser.find_element(By.ID, "edit-message").get_attribute("class"), t
     assert cell(browser, update, "recomputable").text == "cannot be recomputed: update op"
     assert cell(browser, row, "decision").text == "recomputed"
     assert text(browser, "sum-recomputed") == "1 tensors, 1 ops cloned"
@@ -250,13 +261,12 @@ def toggle_a_hotspot(browser: Any) -> None:
             By.CSS_SELECTOR, '#hotspots td[data-dash-column="swap"]') if "☐" in c.text]
         if k >= len(cells):
             break
-        before_msg = text(browser, "message")
+        before_msg = messages(browser)
         cells[k].click()
-        wait(browser, lambda old=before_msg: text(browser, "message") != old,
-             msg="the toggle answers")
-        if "swapped;" in text(browser, "message"):
+        wait(browser, lambda old=before_msg: messages(browser) != old, msg="the toggle answers")
+        if "swapped;" in messages(browser):
             break
-    assert "swapped;" in text(browser, "message"), (k, len(cells), text(browser, "message"))
+    assert "swapped;" in messages(browser), (k, len(cells), messages(browser))
 
 
 def test_click_a_level_on_the_curve_selects_it(browser: Any) -> None:
@@ -285,8 +295,137 @@ def test_click_a_tensor_draws_its_lifetime(browser: Any) -> None:
 
 def test_an_invalid_edit_is_refused_visibly(browser: Any) -> None:
     browser.find_element(By.ID, "edit-trigger").click()  # no op selected yet
-    t = message_with(browser, "click an op")
-    assert "error" in browser.find_element(By.ID, "message").get_attribute("class"), t
+    t = message_with(browser, "click an op", area="edit-message")
+    assert "error" in browser.find_element(By.ID, "edit-message").get_attribute("class"), t
+    # the next action that succeeds clears it
+    browser.find_elements(By.CSS_SELECTOR, '#hotspots td[data-dash-column="tensor"]')[1].click()
+    wait(browser, lambda: messages(browser) == "", msg="the refusal is cleared")
+
+
+#: Page coordinates, relative to the plot's centre, of point ``k`` of trace ``t`` of the
+#: ordering view (the first axes).
+OP_XY = POINT_XY.replace("xaxis2", "xaxis").replace("yaxis2", "yaxis")
+
+
+def click_op(browser: Any, graph: Any, op: int) -> None:
+    """Click op ``op``'s point in the ordering view, as a user would."""
+    import lmscore
+
+    cats = lmscore.order(graph).categories
+    lane = figures.CATEGORIES.index(cats[op])
+    point = [i for i, c in enumerate(cats) if c == cats[op]].index(op)
+    browser.execute_script("window.scrollTo(0, 0)")
+    dx, dy = browser.execute_script(OP_XY, lane, point)
+    plot = browser.find_element(By.CSS_SELECTOR, "#studio .js-plotly-plot")
+    ActionChains(browser).move_to_element_with_offset(plot, int(dx), int(dy)).pause(0.3) \
+        .click().perform()
+    message_with(browser, f"selected op {graph.ops[op].name} ", area="edit-message")
+
+
+def test_click_an_op_swap_it_move_its_trigger_regroup_undo_redo(browser: Any) -> None:
+    import lmscore
+    from lmscore.plan import DEFAULT_TRIGGER_WINDOW, add_swap, empty_plan, find_trigger
+
+    g = lmscore.load(samples.sample_dir() / "lstm.pb")
+    lv = lmscore.order(g).levels
+    sim = lmscore.simulate(g, 32)
+    swapped = set(browser.execute_script(
+        "return Array.from(document.querySelectorAll('#hotspots tr')).filter(r =>"
+        " (r.querySelector('td[data-dash-column=decision]') || {}).textContent === 'swapped')"
+        ".map(r => r.querySelector('td[data-dash-column=tensor]').textContent);"))
+    # an op's first output that a hand toggle swaps, with room for another trigger
+    pick = None
+    for level in range(0, len(sim.device_curve), 3):
+        for row in lmscore.hotspots(g, sim, level):
+            t = row.swap_tensor
+            if not (row.swappable and t.endswith(":0") and t not in swapped):
+                continue
+            op = g.index[t[:-2]]
+            plan = add_swap(g, empty_plan(g), t, threshold=1, ahead=1, groupby=5)
+            group = plan.swaps[0].swap_ins[0]
+            for ahead in range(2, 8):
+                other = find_trigger(g, t, group.consumers, ahead, DEFAULT_TRIGGER_WINDOW)
+                if other not in (None, group.trigger):
+                    pick = (op, t, other)
+                    break
+            if pick:
+                break
+        if pick:
+            break
+    assert pick, "lstm has a tensor to swap with another trigger in reach"
+    op, tensor, trigger = pick
+    click_op(browser, g, op)
+    browser.find_element(By.ID, "edit-swap-op").click()
+    if "no longer swapped" in message_with(browser, tensor, area="edit-message"):
+        browser.find_element(By.ID, "edit-swap-op").click()  # the toggle swapped it before
+    message_with(browser, f"{tensor} swapped;", area="edit-message")
+    wait(browser, lambda: tensor in text(browser, "swap-editor"), msg="the editor shows it")
+    # move swap-in 0's trigger to another op, clicked in the view
+    click_op(browser, g, g.index[trigger])
+    browser.find_element(By.ID, "edit-trigger").click()
+    message_with(browser, f"swap-in 0 of {tensor} is now triggered by {trigger}",
+                 area="edit-message")
+    wait(browser, lambda: f"trigger {trigger} (level {lv[g.index[trigger]]})"
+         in text(browser, "swap-editor"), msg="the editor shows the new trigger")
+    shot(browser, "03-trigger-moved.png")
+    # undo brings the old trigger back, redo the new one
+    browser.find_element(By.ID, "undo").click()
+    message_with(browser, "undo done", area="edit-message")
+    wait(browser, lambda: f"trigger {trigger} " not in text(browser, "swap-editor"),
+         msg="the trigger is undone")
+    browser.find_element(By.ID, "redo").click()
+    message_with(browser, "redo done", area="edit-message")
+    wait(browser, lambda: f"trigger {trigger} " in text(browser, "swap-editor"),
+         msg="the trigger is redone")
+    # one group, then a group per level: each has its own trigger or is synchronous
+    browser.find_element(By.ID, "edit-onegroup").click()
+    message_with(browser, f"{tensor}: 1 swap-in group(s)", area="edit-message")
+    type_into(browser, "edit-groupby", "0")
+    browser.find_element(By.ID, "edit-regroup").click()
+    t = message_with(browser, f"{tensor}:", "swap-in group(s)", area="edit-message")
+    assert "error" not in browser.find_element(By.ID, "edit-message").get_attribute("class"), t
+    # the op's output is unswapped by the same button, and undo brings the swap back
+    click_op(browser, g, op)
+    browser.find_element(By.ID, "edit-swap-op").click()
+    message_with(browser, f"{tensor} no longer swapped", area="edit-message")
+    browser.find_element(By.ID, "undo").click()
+    message_with(browser, "undo done", area="edit-message")
+    assert not severe_logs(browser)
+
+
+def test_nothing_on_the_page_links_or_posts_outside_this_machine(browser: Any, server: str
+                                                                 ) -> None:
+    from urllib.parse import urljoin, urlparse
+
+    plot = browser.find_element(By.CSS_SELECTOR, "#studio .js-plotly-plot")
+    ActionChains(browser).move_to_element(plot).pause(0.3).perform()  # shows the modebar
+    config = browser.execute_script(
+        "var c = document.querySelector('#studio .js-plotly-plot')._context;"
+        "return [!!c.scrollZoom, !!c.showSendToCloud, !!c.showEditInChartStudio,"
+        " !!c.displaylogo, c.plotlyServerURL || '', !!c.showLink];")
+    assert config == [False, False, False, False, "", False]  # (unknown keys: undefined)
+    buttons = [b.get_attribute("data-title") for b in browser.find_elements(
+        By.CSS_SELECTOR, "#studio .modebar-btn")]
+    assert buttons and not any("cloud" in (b or "").lower() or "studio" in (b or "").lower()
+                               for b in buttons), buttons
+    urls = browser.execute_script(
+        "var out = [];"
+        "document.querySelectorAll('[href],[src],[action],[formaction]').forEach(e => {"
+        " ['href','src','action','formaction'].forEach(a => {"
+        "  var v = e.getAttribute(a); if (v) out.push(v); }); });"
+        "return out;")
+    here = urlparse(server)
+    for url in urls:
+        full = urlparse(urljoin(server, url))
+        assert full.scheme in ("http", "https", "data", "blob", "javascript", "") and (
+            full.scheme in ("data", "blob", "javascript") or full.hostname == here.hostname
+        ), url
+    # the wheel scrolls the page and does not zoom
+    x_range = "return document.querySelector('#studio .js-plotly-plot')._fullLayout.xaxis.range"
+    before = browser.execute_script(x_range)
+    ActionChains(browser).scroll_from_origin(ScrollOrigin.from_element(plot), 0, 200).perform()
+    time.sleep(0.5)  # a zoom would have been drawn by now
+    assert browser.execute_script(x_range) == before
 
 
 def test_auto_tune(browser: Any) -> None:
@@ -368,6 +507,7 @@ def test_a_reload_keeps_the_work_and_another_tab_does_not_see_it(browser: Any, s
     browser.get(server)
     wait(browser, lambda: "mlp.pb" in text(browser, "sum-graph"), msg="a new tab starts fresh")
     assert text(browser, "sum-after") == "no plan"
+    assert text(browser, "sum-source") == "empty"  # nobody's plan "restored"
     shot(browser, "06-second-tab.png")
     browser.close()
     browser.switch_to.window(first)

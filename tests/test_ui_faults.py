@@ -317,7 +317,7 @@ def test_the_server_killed_while_editing_comes_back_with_the_edits(tmp_path: pat
         # the tab reloads: the browser still has its session stores, the server has the
         # upload and the plan on disk
         reloaded = Session(HttpTransport(srv.url))
-        for s in ("st-graph", "st-settings", "st-plan", "st-view"):
+        for s in ("st-graph", "st-settings", "st-plan", "st-view", "st-history", "st-tab"):
             reloaded.props[s]["data"] = tab.store(s)
         reloaded.fire("studio.figure", [f"{s}.data" for s in ("st-graph", "st-settings",
                                                               "st-plan", "st-view")])
@@ -325,7 +325,8 @@ def test_the_server_killed_while_editing_comes_back_with_the_edits(tmp_path: pat
         assert reloaded.text("sum-swapped") == swapped
         assert plan_from_json(reloaded.store("st-plan")["json"]) == plan
         loaded = lmscore.load(LSTM)
-        saved = tmp_path / "plans" / f"{lmscore.plan.fingerprint(loaded)}.json"
+        saved = (tmp_path / "plans" / tab.store("st-tab")
+                 / f"{lmscore.plan.fingerprint(loaded)}.json")
         assert plan_from_json(saved.read_text()) == plan  # written at the last edit
         # and editing goes on
         status, _ = _toggle(reloaded, free)

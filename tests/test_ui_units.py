@@ -303,15 +303,18 @@ def test_a_device_preset_brings_its_memory_as_the_budget(ctx):
 def test_apply_knobs_makes_a_plan_and_saves_it(fresh):
     s = session(fresh)
     knobs = {"threshold": 5, "ahead": 1, "groupby": 5, "sync_mode": 0}
-    up = edits.apply_knobs(fresh, s["graph"], s["settings"], knobs)
+    up = edits.control(fresh, "knobs-apply", {
+        f"knob-{k.replace('sync_mode', 'sync')}": v for k, v in knobs.items()}, s)
     assert not up.error and up.plan["source"] == "knobs" and up.plan["swaps"] > 0
     plan = plan_from_json(up.plan["json"])
     assert plan.params["threshold"] == 5
-    saved = fresh.data_dir / "plans" / f"{s['graph']['fingerprint']}.json"
+    saved = fresh.data_dir / "plans" / s["tab"] / f"{s['graph']['fingerprint']}.json"
     assert saved.read_text() == up.plan["json"]
-    # a restarted server gives a new tab the saved plan
+    # a restarted server gives a new tab no plan: only the tab that made it gets it back
     restarted = state.new_context("mlp", None, upload_cap_bytes=MIB, data_dir=fresh.data_dir)
-    assert session(restarted)["plan"]["json"] == up.plan["json"]
+    assert session(restarted)["plan"]["json"] is None
+    assert restarted.saved_plan(s["tab"], restarted.initial).to_json() == up.plan["json"]
+    assert restarted.saved_plan(session(restarted)["tab"], restarted.initial) is None
     bad = edits.apply_knobs(fresh, s["graph"], s["settings"], {**knobs, "threshold": 0})
     assert bad.error and "threshold" in bad.message and bad.plan is None
     assert edits.apply_knobs(fresh, s["graph"], s["settings"], {**knobs, "ahead": "x"}).error
@@ -381,14 +384,25 @@ def test_select_and_click(ctx):
     assert edits.select_level(view, 7.4, 38).view["level"] == 7
     assert edits.select_level(view, 999, 38).view["level"] == 37
     assert edits.select_tensor(view, "a:0").view["tensor"] == "a:0"
-    click = {"points": [{"curveNumber": 2, "x": 5, "customdata": 12}]}
-    assert edits.click_figure(view, click, s["graph"]).view == {
-        "level": 5, "tensor": None, "op": 12}
+    # an op is found from its lane trace and its index there (what the click carries)
+    import lmscore
+
+    g = ctx.resolve(s["graph"]).graph
+    ordering = lmscore.order(g)
+    forward = [i for i, c in enumerate(ordering.categories) if c == "forward"]
+    op = forward[3]
+    click = {"points": [{"curveNumber": figures.CATEGORIES.index("forward"), "pointNumber": 3,
+                         "x": ordering.levels[op]}]}
+    up = edits.click_figure(ctx, view, click, s["graph"])
+    assert up.view == {"level": ordering.levels[op], "tensor": None, "op": op}
+    assert g.ops[op].name in up.message
+    click["points"][0]["x"] += 1  # not where that op is: no op picked
+    assert edits.click_figure(ctx, view, click, s["graph"]).view["op"] is None
     click = {"points": [{"curveNumber": figures.T_SWAP_OPS, "x": 3, "customdata": "t:0"}]}
-    assert edits.click_figure(view, click, s["graph"]).view["tensor"] == "t:0"
+    assert edits.click_figure(ctx, view, click, s["graph"]).view["tensor"] == "t:0"
     click = {"points": [{"curveNumber": figures.T_BEFORE, "x": 9}]}
-    assert edits.click_figure(view, click, s["graph"]).view == {"level": 9, "tensor": None,
-                                                             "op": None}
+    assert edits.click_figure(ctx, view, click, s["graph"]).view == {
+        "level": 9, "tensor": None, "op": None}
 
 
 @dataclass(frozen=True)
@@ -567,8 +581,8 @@ def test_control_dispatches_and_outputs_match_the_callback(ctx):
     s = session(ctx)
     up = edits.control(ctx, "batch", {"batch": 8}, s)
     assert up.settings["batch"] == 8
-    out = callbacks._outputs(up, s)
-    assert len(out) == 4 + 2 + 2 + len(rendering.CONTROLS) + 2
+    out = callbacks._outputs(up, s, "batch")
+    assert len(out) == 5 + 4 + 2 + len(rendering.CONTROLS) + 2
     assert edits.control(ctx, "hotspots", {"hotspots": {"row_id": "x:0", "column_id": "tensor"}},
                       s).view["tensor"] == "x:0"
     assert edits.control(ctx, "edit-trigger", {}, s).error
@@ -726,14 +740,19 @@ def test_plan_files_keep_recomputes_and_version_1_files_still_load(fresh, tmp_pa
 
 def test_a_saved_recompute_plan_comes_back(fresh):
     s = session(fresh)
-    up = edits.toggle_recompute(fresh, s["graph"], s["settings"], s["plan"], s["view"], RELU)
+    up = edits.control(fresh, "hotspots", {"hotspots": {"row_id": RELU,
+                                                        "column_id": "recompute"}}, s)
     restarted = state.new_context("mlp", None, upload_cap_bytes=MIB, data_dir=fresh.data_dir)
-    again = session(restarted)
-    assert again["plan"]["json"] == up.plan["json"] and again["plan"]["source"] == "saved"
-    other = edits.choose_graph(restarted, "sample:lstm", again["graph"], again["settings"])
-    back = edits.choose_graph(restarted, "sample:mlp", other.graph, other.settings)
-    assert back.plan["json"] == up.plan["json"]
-    assert back.message.endswith("restored your saved plan (0 swaps, 1 recompute)")
+    again = {**session(restarted), "tab": s["tab"]}  # the same tab, reloaded
+    other = edits.choose_graph(restarted, "sample:lstm", again["graph"], again["settings"],
+                               again["tab"])
+    back = edits.choose_graph(restarted, "sample:mlp", other.graph, other.settings, s["tab"])
+    assert back.plan["json"] == up.plan["json"] and back.plan["source"] == "saved"
+    assert back.message.endswith("restored this tab's plan for it (0 swaps, 1 recompute)")
+    # another tab switching to the same graph does not get it
+    stranger = edits.choose_graph(restarted, "sample:mlp", other.graph, other.settings,
+                                  state.new_tab_id())
+    assert stranger.plan["json"] is None
 
 
 def test_summary_shows_host_memory_against_tensorflows_limit(fresh, monkeypatch):
@@ -782,3 +801,106 @@ def test_regroup_gives_each_group_its_own_trigger(tmp_path):
     peaks = [results.after_of(c, base, plan_from_json(u.plan["json"])).sim.peak_bytes
              for u in (swapped, split)]
     assert peaks[1] <= peaks[0] < base.sim.peak_bytes
+
+
+def test_the_table_at_the_peak_with_a_plan_lists_what_is_on_the_device(fresh):
+    s = session(fresh)
+    up = edits.control(fresh, "knobs-apply", {"knob-threshold": 2, "knob-ahead": 1,
+                                              "knob-groupby": 5, "knob-sync": 0}, s)
+    s = {**s, "plan": up.plan, "history": up.history}
+    r = rendering.render(fresh, s)
+    loaded = fresh.resolve(s["graph"])
+    base = results.base_of(fresh, loaded, s["settings"]["batch"])
+    after = results.after_of(fresh, base, plan_from_json(up.plan["json"]))
+    assert "peak with the plan" in r.caption and f"level {after.peak_level}" in r.caption
+    on_device = after.evaluation.on_device(after.peak_level)
+    assert {row["held"] for row in r.rows} <= {"kept", "swap-in", "recomputed", "workspace"}
+    # a swapped tensor is listed only while a swap-in holds it on the device
+    for row in r.rows:
+        if row["decision"] == rendering.SWAPPED:
+            assert row["held"] == "swap-in", row
+    assert len(r.rows) <= len(on_device) and r.rows[0]["mib"] == round(
+        on_device[0].bytes / MIB, 3)
+    unplanned = {row["id"] for row in rendering.hotspot_rows(base, results.plan_of(
+        fresh, loaded, None), after.peak_level)}
+    gone = {t for t in plan_from_json(up.plan["json"]).swapped() if t in unplanned}
+    listed = {row["id"]: row["held"] for row in r.rows}
+    assert all(listed.get(t, "swap-in") == "swap-in" for t in gone)
+
+
+def test_undo_and_redo_walk_the_tabs_plans(fresh):
+    s = session(fresh)
+    first = edits.control(fresh, "hotspots", {"hotspots": {"row_id": RELU,
+                                                           "column_id": "recompute"}}, s)
+    s1 = {**s, "plan": first.plan, "history": first.history}
+    knobs = edits.control(fresh, "knobs-apply", {"knob-threshold": 2, "knob-ahead": 1,
+                                                 "knob-groupby": 5, "knob-sync": 0}, s1)
+    s2 = {**s1, "plan": knobs.plan, "history": knobs.history}
+    assert [h["json"] for h in s2["history"]["undo"]] == [None, first.plan["json"]]
+    back = edits.control(fresh, "undo", {}, s2)
+    assert back.plan == first.plan and "undo done" in back.message
+    s3 = {**s2, "plan": back.plan, "history": back.history}
+    assert edits.control(fresh, "redo", {}, s3).plan == knobs.plan
+    back2 = edits.control(fresh, "undo", {}, s3)
+    assert back2.plan["json"] is None
+    s4 = {**s3, "plan": back2.plan, "history": back2.history}
+    nothing = edits.control(fresh, "undo", {}, s4)
+    assert nothing.error and "nothing to undo" in nothing.message and nothing.plan is None
+    # the undone plan is what the tab has on disk too
+    saved = fresh.data_dir / "plans" / s["tab"] / f"{s['graph']['fingerprint']}.json"
+    assert saved.read_text() == ""
+    # a new edit drops the redo stack
+    again = edits.control(fresh, "plan-reset", {}, s4)
+    assert again.history["redo"] == []
+
+
+@pytest.mark.parametrize("value, why", [
+    (0, "from 1"), (-4, "got '-4'"), ("2.5", "got '2.5'"), ("", "is empty"), (None, "is empty"),
+    ("eight", "got 'eight'")])
+def test_a_bad_batch_size_is_named_with_what_was_typed(ctx, value, why):
+    up = edits.control(ctx, "batch", {"batch": value}, session(ctx))
+    assert up.error and up.message.startswith("batch size") and why in up.message
+    assert "None" not in up.message and up.settings is None
+
+
+def test_a_success_clears_an_earlier_refusal_and_answers_where_the_user_acted(ctx):
+    s = session(ctx)
+    refused = edits.control(ctx, "edit-trigger", {}, s)
+    assert callbacks.message_outputs(refused, "edit-trigger") == [
+        "", "message", refused.message, "message error"]
+    ok = edits.control(ctx, "hotspots", {"hotspots": {"row_id": "x:0", "column_id": "tensor"}},
+                       s)
+    assert ok.message == "" and callbacks.message_outputs(ok, "hotspots")[2] == ""
+    # a restore (the stores firing on a reload) leaves the messages as they are
+    assert edits.control(ctx, "st-graph", {}, s).message is None
+
+
+def test_a_graph_with_a_fixed_batch_says_the_batch_size_does_not_apply(ctx):
+    s = session(ctx)
+    fixed = {**s["graph"], "fixed_batch": 32, "name": "fixed.pb"}
+    up = edits.set_batch(s["settings"], 8, fixed)
+    assert up.error and "fixed.pb's batch is fixed at 32" in up.message and up.controls
+
+
+@pytest.mark.parametrize("name, data, why", [
+    ("model.onnx", b"\x08\x07onnx", "model.onnx: not a graph file"),
+    ("model.h5", b"\x89HDF\r\n", "model.h5: not a graph file"),
+])
+def test_other_file_types_are_refused_by_name(ctx, name, data, why):
+    up = edits.upload_graph(ctx, gate(name, data), session(ctx)["settings"])
+    assert up.error and why in up.message
+
+
+def test_a_truncated_pb_is_said_to_be_cut_short(ctx):
+    data = (samples.sample_dir() / "resnet50.pb").read_bytes()
+    up = edits.upload_graph(ctx, gate("resnet50.pb", data[: len(data) // 2]),
+                            session(ctx)["settings"])
+    assert up.error and "resnet50.pb" in up.message and "cut short or damaged" in up.message
+    assert "codec" not in up.message
+
+
+def test_a_graph_file_on_load_plan_is_refused_by_name(ctx):
+    s = session(ctx)
+    data = (samples.sample_dir() / "mlp.pb").read_bytes()
+    up = edits.load_plan_file(ctx, s["graph"], gate("mlp.pb", data))
+    assert up.error and "mlp.pb: not a plan file" in up.message
