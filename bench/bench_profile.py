@@ -30,7 +30,7 @@ from lmscore.profile import measure_plan_seconds, profile, profiled_op_seconds  
 from lmscore.shapes import resolve  # noqa: E402
 from lmscore.tune import plan_seconds, tune  # noqa: E402
 
-GRAPHS = "mlp:256,lstm:16,bert:8,resnet50:4"
+GRAPHS = "mlp:1024,lstm:16,bert:8,resnet50:4"
 
 
 def step_seconds(graph: lmscore.Graph, batch: int, runs: int, steps: int) -> float:

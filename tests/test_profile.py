@@ -23,7 +23,7 @@ def _profile(graph: Graph, **kw) -> Profile:
         op_seconds=MappingProxyType({"r": 1e-6, "mm": 10e-6, "act": 4e-6, "g_w": 6e-6}),
         step_seconds=25e-6, host_to_device_bandwidth=8e9, device_to_host_bandwidth=2e9,
         fingerprint=fingerprint(graph), tensorflow_version="2.21.0", kernel_library="onednn",
-        dispatch_seconds=5e-7, steps=3,
+        dispatch_seconds=5e-7, steps=3, op_kernels=MappingProxyType({"mm": 1, "act": 1}),
     )
     return Profile(**{**fields, **kw})
 
@@ -53,6 +53,8 @@ def test_round_trip(tmp_path):
      "field 'op_seconds': op 'mm' has -1.0, not a time in seconds >= 0"),
     (lambda d: json.dumps({**d, "op_seconds": [1.0]}),
      "field 'op_seconds': expected dict, got list"),
+    (lambda d: json.dumps({**d, "op_kernels": {"mm": 0}}),
+     "field 'op_kernels': expected a count >= 1 per op"),
 ])
 def test_bad_files_name_the_field(tmp_path, edit, message):
     good = tmp_path / "good.json"
@@ -82,11 +84,15 @@ def test_scaling_by_batch():
     assert {k: v for k, v in at2.items() if v} == dict(p.op_seconds)  # the rest did not run
     at6 = dict(zip([o.name for o in g.ops], profiled_op_seconds(g, resolve(g, 6), p, MODEL),
                    strict=True))
-    assert at6["mm"] == pytest.approx(10e-6 * 97 / 33)  # (96 + 1) / (32 + 1) us
-    assert at6["act"] == pytest.approx(4e-6 * 13 / 5)  # (12 + 1) / (4 + 1) us
-    assert at6["g_w"] == pytest.approx(6e-6 * 97 / 33)
+    # 1 us of launch per kernel stays; the rest scales by the FLOPs: 96 / 32 and 12 / 4
+    assert at6["mm"] == pytest.approx(1e-6 + 9e-6 * 96 / 32)
+    assert at6["act"] == pytest.approx(1e-6 + 3e-6 * 12 / 4)
+    assert at6["g_w"] == pytest.approx(1e-6 + 5e-6 * 96 / 32)  # one kernel when not counted
     assert at6["r"] == 1e-6  # a variable read: no modelled cost, not scaled
     assert at6["loss"] == 0.0  # absent from the profile of this graph: it did not run
+    loop = _profile(g, op_kernels=MappingProxyType({"mm": 3}))  # a call running 3 kernels
+    at6 = profiled_op_seconds(g, resolve(g, 6), loop, MODEL)
+    assert at6[[o.name for o in g.ops].index("mm")] == pytest.approx(3e-6 + 7e-6 * 96 / 32)
 
 
 def test_clones_and_new_ops():
@@ -100,7 +106,7 @@ def test_clones_and_new_ops():
     h = Graph((*g.ops, clone, swap), "with clones")
     at6 = dict(zip([o.name for o in h.ops], profiled_op_seconds(h, resolve(h, 6), p, MODEL),
                    strict=True))
-    assert at6["lms/recompute_act_0/act"] == at6["act"] == pytest.approx(4e-6 * 13 / 5)
+    assert at6["lms/recompute_act_0/act"] == at6["act"] == pytest.approx(1e-6 + 3e-6 * 3)
     assert at6["lms/swapout_mm_0"] == 0.0  # the link's time, not the device's
     assert at6["loss"] == pytest.approx(2e-6)  # another graph: the roofline (1 FLOP + 1 us)
 
