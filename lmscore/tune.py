@@ -892,6 +892,10 @@ def _result(graph, batch, plan, fits, budget, memory, base, sim, base_seconds, s
                    f"{format_bytes(base.peak_bytes)} -> "
                    f"{format_bytes(sim.peak_bytes)}, host {format_bytes(sim.host_peak_bytes)}"
                    f" of {format_bytes(host)}, predicted overhead {overhead:.1%}")
+    elif reason == "bound" and base.persistent_bytes >= memory:
+        message = (f"does not fit: its persistent memory alone ("
+                   f"{format_bytes(base.persistent_bytes)}: variables, optimizer slots, "
+                   f"constants) fills the {format_bytes(memory)} device")
     elif reason == "bound":
         usable = format_bytes(budget + base.persistent_bytes)
         message = (f"does not fit: op {bound!r} alone needs {format_bytes(min_peak)} with "

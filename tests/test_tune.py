@@ -156,3 +156,13 @@ def test_host_memory_default_is_tensorflows(monkeypatch):
     monkeypatch.setenv("TF_GPU_HOST_MEM_LIMIT_IN_MB", "lots")
     with pytest.raises(ConfigError, match="TF_GPU_HOST_MEM_LIMIT_IN_MB: expected a positive"):
         tune(long_edge(), 1, 6000)
+
+
+def test_a_device_smaller_than_the_persistent_memory_says_so():
+    from lmscore import load, samples
+
+    g = load(samples.find("mlp"))
+    r = tune(g, 32, 4 * 2**20)  # the MLP's variables and Adam's slots take 7.66 MiB
+    assert not r.fits
+    assert r.message == ("does not fit: its persistent memory alone (7.66 MiB: variables, "
+                         "optimizer slots, constants) fills the 4.00 MiB device")
