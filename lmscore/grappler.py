@@ -75,7 +75,7 @@ from .ir import Graph, split_tensor
 from .order import order
 from .plan import Plan, Swap, SwapIn, fingerprint, reaches
 from .shapes import Sizes, resolve
-from .tune import DEVICES, LINKS, Device, _context, _evaluate, op_seconds
+from .tune import DEVICES, LINKS, Device, _context, _evaluate, op_seconds, preset
 from .units import format_bytes
 
 __all__ = [
@@ -394,8 +394,7 @@ def run_grappler(
 
 
 def _check(batch_size: int, budget_bytes: int, device: str) -> Device:
-    if device not in DEVICES:
-        raise ConfigError(f"unknown device {device!r} (choose from {', '.join(DEVICES)})")
+    device = preset(device, DEVICES, "device")
     if batch_size <= 0:
         raise ConfigError(f"batch size must be positive, got {batch_size}")
     if budget_bytes <= 0:
@@ -700,8 +699,7 @@ def grappler_baseline(
         If Grappler cannot be run on the graph.
     """
     dev = _check(batch_size, budget_bytes, device)
-    if link not in LINKS:
-        raise ConfigError(f"unknown link {link!r} (choose from {', '.join(LINKS)})")
+    device, link = dev.name, preset(link, LINKS, "link")
     run = run_grappler(graph, batch_size, budget_bytes, device=device,
                        other_optimizers=other_optimizers, fold_shapes=fold_shapes,
                        timeout=timeout)
