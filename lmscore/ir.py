@@ -175,6 +175,14 @@ class Adjacency:
     succs: tuple[tuple[int, ...], ...]
     consumers: dict[tuple[int, int], tuple[int, ...]]
 
+    @functools.cached_property
+    def readers(self) -> tuple[tuple[int, ...], ...]:
+        """For each op, the consumers of its outputs: port by port, each port's in order."""
+        out: list[list[int]] = [[] for _ in self.data_in]
+        for (p, _port), cs in sorted(self.consumers.items()):
+            out[p].extend(cs)
+        return tuple(map(tuple, out))
+
 
 @dataclass(frozen=True, eq=False)
 class Graph:

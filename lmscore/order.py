@@ -218,14 +218,20 @@ def _is_write(op_type: str, input_dtypes: list[str], n_outputs: int = 1) -> bool
     a functional ``If`` applying the update (loss scaling skips non-finite steps that
     way) is one.
     """
+    return _writes(op_type, "resource" in input_dtypes, not n_outputs)
+
+
+@functools.lru_cache(maxsize=1024)
+def _writes(op_type: str, reads_resource: bool, no_outputs: bool) -> bool:
+    """:func:`_is_write` by what it depends on (memoized: a step has few op types)."""
     sig = op_signatures().get(op_type)
     if op_type in RESOURCE_READS:
         return False
     if sig is not None and any(a.endswith("&") for a in sig["in"]):
         return bool(sig["stateful"]) or op_type.startswith(("Assign", "Apply", "Scatter"))
-    return "resource" in input_dtypes and (
+    return reads_resource and (
         op_type.startswith(("Assign", "ResourceApply", "ResourceSparseApply", "ResourceScatter"))
-        or (sig is not None and sig["stateful"] and (not sig["out"] or not n_outputs))
+        or (sig is not None and sig["stateful"] and (not sig["out"] or no_outputs))
     )
 
 
@@ -258,78 +264,94 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
     adj = graph.adjacency
     n = len(ops)
     cat: list[str | None] = [None] * n
-
-    def in_dtypes(i: int) -> list[str]:
-        return [ops[p].outputs[port].dtype for p, port in adj.data_in[i]]
+    data_in = adj.data_in
+    types = [op.type for op in ops]
+    readers = adj.readers
 
     # Feeds, state and reads of state.
     for i in topo:
         op = ops[i]
+        t = types[i]
         out_dt = op.outputs[0].dtype if op.outputs else ""
-        if op.type in FEED_OPS:
+        if t in FEED_OPS:
             cat[i] = PERSISTENT if out_dt == "resource" else INPUT
-        elif op.type in _ITERATOR_OPS:
+        elif t in _ITERATOR_OPS:
             cat[i] = INPUT
-        elif op.type in VARIABLE_OPS or op.type == "Const":
+        elif t in VARIABLE_OPS or t == "Const":
             cat[i] = PERSISTENT
-        elif op.type in RESOURCE_READS and op.type != "ResourceGather" and all(
-            cat[p] == PERSISTENT for p, _ in adj.data_in[i]
+        elif t in RESOURCE_READS and t != "ResourceGather" and all(
+            cat[p] == PERSISTENT for p, _ in data_in[i]
         ):
             cat[i] = PERSISTENT
-        elif op.type in ("Identity", "IdentityN") and adj.data_in[i] and all(
-            cat[p] == PERSISTENT for p, _ in adj.data_in[i]
+        elif t in ("Identity", "IdentityN") and data_in[i] and all(
+            cat[p] == PERSISTENT for p, _ in data_in[i]
         ):
             cat[i] = PERSISTENT
     # Value flow from the feeds (shape-only ops cut it: their outputs ignore values).
     from_input = [False] * n
     for i in topo:
-        if cat[i] == INPUT:
+        c = cat[i]
+        if c == INPUT:
             from_input[i] = True
-        elif cat[i] is None and ops[i].type not in SHAPE_ONLY_OPS:
-            from_input[i] = any(from_input[p] for p, _ in adj.data_in[i])
+        elif c is None and types[i] not in SHAPE_ONLY_OPS:
+            for p, _ in data_in[i]:
+                if from_input[p]:
+                    from_input[i] = True
+                    break
     # Dependence on the feeds through any data edge, shapes included.
     from_data = [False] * n
     for i in topo:
-        from_data[i] = cat[i] == INPUT or (
-            cat[i] is None and any(from_data[p] for p, _ in adj.data_in[i])
-        )
+        c = cat[i]
+        if c == INPUT:
+            from_data[i] = True
+        elif c is None:
+            for p, _ in data_in[i]:
+                if from_data[p]:
+                    from_data[i] = True
+                    break
     # Writes, then the arithmetic whose only use is to feed writes and that computes on
     # optimizer state rather than on the data (step counters, bias corrections, moments).
-    reads_state = [
-        any(
-            ops[p].type in RESOURCE_READS or ops[p].outputs[port].dtype == "resource"
-            for p, port in adj.data_in[i]
-        )
-        for i in range(n)
-    ]
+    reads_state = [False] * n
+    reads_resource = [False] * n
+    for i in range(n):
+        for p, port in data_in[i]:
+            if ops[p].outputs[port].dtype == "resource":
+                reads_state[i] = reads_resource[i] = True
+                break
+            if types[p] in RESOURCE_READS:
+                reads_state[i] = True
+    write = [_writes(types[i], reads_resource[i], not ops[i].outputs) for i in range(n)]
     only_writes = [False] * n  # every path from the op ends in a write
     for i in reversed(topo):
         if cat[i] is None:
+            if write[i]:
+                only_writes[i] = True
+                continue
             succ = adj.succs[i]
-            only_writes[i] = _is_write(ops[i].type, in_dtypes(i), len(ops[i].outputs)) or (
-                bool(succ) and all(only_writes[s] for s in succ)
-            )
+            if succ:
+                for s in succ:
+                    if not only_writes[s]:
+                        break
+                else:
+                    only_writes[i] = True
     update = [False] * n
     for i in topo:
         if cat[i] is None and only_writes[i]:
-            ins = adj.data_in[i]
+            ins = data_in[i]
             update[i] = (
-                _is_write(ops[i].type, in_dtypes(i), len(ops[i].outputs))
+                write[i]
                 or not from_data[i]
                 or reads_state[i]
                 or all(update[p] or cat[p] == PERSISTENT for p, _ in ins)
                 # lr * grad: an elementwise scaling by state that feeds the write directly
                 or (
-                    ops[i].type in _ELEMENTWISE
+                    types[i] in _ELEMENTWISE
                     and any(cat[p] == PERSISTENT for p, _ in ins)
-                    and all(
-                        _is_write(ops[s].type, in_dtypes(s), len(ops[s].outputs))
-                        for s in adj.succs[i]
-                    )
+                    and all(write[s] for s in adj.succs[i])
                 )
             )
     for i in topo:  # control-only joins after writes (the step's final NoOp)
-        if cat[i] is None and not ops[i].outputs and not adj.data_in[i] and any(
+        if cat[i] is None and not ops[i].outputs and not data_in[i] and any(
             update[p] for p in adj.preds[i]
         ):
             update[i] = True
@@ -339,19 +361,13 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
 
     # Which ops feed a write through their values (the forward and backward passes).
     feeds_write = [False] * n
-    consumers = adj.consumers
     for i in reversed(topo):
         if cat[i] is not None:
             continue
-        hit = False
-        for port in range(len(ops[i].outputs)):
-            for c in consumers.get((i, port), ()):
-                if update[c] or (feeds_write[c] and ops[c].type not in SHAPE_ONLY_OPS):
-                    hit = True
-                    break
-            if hit:
+        for c in readers[i]:
+            if update[c] or (feeds_write[c] and types[c] not in SHAPE_ONLY_OPS):
+                feeds_write[i] = True
                 break
-        feeds_write[i] = hit
 
     loss = None
     from_seed = [False] * n
@@ -367,15 +383,17 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
             from_seed[seed] = True
             for i in topo:
                 if cat[i] is None and not from_seed[i]:
-                    from_seed[i] = any(from_seed[p] for p, _ in adj.data_in[i])
+                    for p, _ in data_in[i]:
+                        if from_seed[p]:
+                            from_seed[i] = True
+                            break
         # Partial gradients computed before they meet the seed (of a loss's denominator,
         # of a broadcast's shape) lead into the backward pass.
         for i in reversed(topo):
-            meets_seed[i] = any(
-                from_seed[c] or meets_seed[c]
-                for port in range(len(ops[i].outputs))
-                for c in adj.consumers.get((i, port), ())
-            )
+            for c in readers[i]:
+                if from_seed[c] or meets_seed[c]:
+                    meets_seed[i] = True
+                    break
         # Values computed from the forward pass only to be stored (BatchNorm's moving
         # statistics, a metric's running total) are updates of state, not gradients.
         for i in topo:
@@ -451,8 +469,7 @@ def _closure(
     while stack:
         j = stack.pop()
         if down:
-            nxt = [c for port in range(len(ops[j].outputs))
-                   for c in adj.consumers.get((j, port), ())]
+            nxt = adj.readers[j]
         else:
             nxt = [p for p, _ in adj.data_in[j]]
         for k in nxt:
@@ -552,22 +569,23 @@ def _gradient_structure(
     backward = below_seed if seed is not None else _closure(graph, kernels, cat, down=True)
 
     def scalar_value(i: int) -> bool:
-        spec = ops[i].outputs[0] if ops[i].outputs else None
+        if not from_input[i] or cat[i] is not None or not ops[i].outputs:
+            return False
+        spec = ops[i].outputs[0]
         return (
-            spec is not None and spec.dtype in _FLOATS and spec.shape is not None
-            and all(d == 1 for d in spec.shape) and from_input[i] and cat[i] is None
+            spec.dtype in _FLOATS and spec.shape is not None and all(d == 1 for d in spec.shape)
         )
 
     # Partial gradients computed before they meet the seed (of a loss's denominator, say)
     # lead into the backward pass; the loss does not.
     meets = [False] * n
+    readers = adj.readers
     for i in reversed(topo):
-        meets[i] = any(
-            below_seed[c] or meets[c]
-            for port in range(len(ops[i].outputs))
-            for c in adj.consumers.get((i, port), ())
-        )
-    apart = [i for i in topo if scalar_value(i) and not backward[i]]
+        for c in readers[i]:
+            if below_seed[c] or meets[c]:
+                meets[i] = True
+                break
+    apart = [i for i in topo if not backward[i] and scalar_value(i)]
     pool = [i for i in apart if not meets[i]] or apart
     if not pool:
         return seed, None, backward
@@ -598,6 +616,9 @@ def _ancestors(graph: Graph, i: int) -> set[int]:
     return seen
 
 
+_ONE_TYPES = frozenset({"OnesLike", "Const", "Fill"})
+
+
 def _one_constants(graph: Graph, topo: tuple[int, ...], cat: list[str | None]) -> list[int]:
     """Floating-point constants equal to 1 (``Const``, ``Fill`` of one, ``OnesLike``)."""
     ops = graph.ops
@@ -610,7 +631,8 @@ def _one_constants(graph: Graph, topo: tuple[int, ...], cat: list[str | None]) -
 
     return [
         i for i in topo
-        if ops[i].outputs and ops[i].outputs[0].dtype in _FLOATS
+        if ops[i].type in _ONE_TYPES
+        and ops[i].outputs and ops[i].outputs[0].dtype in _FLOATS
         and (ops[i].type == "OnesLike" and cat[i] is None
              or ops[i].type in ("Const", "Fill") and one(i))
         and any(cat[c] is None for c in adj.consumers.get((i, 0), ()))

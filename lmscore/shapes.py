@@ -98,11 +98,18 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
     from_input = [False] * len(ops)
     assumed: list[str] = []
     vals: dict[tuple[int, int], Value] = {}
+    no_values: dict[int, Value] = {}
     for i in ordering.topo:
         op = ops[i]
-        ins = [(shapes[p][port], ops[p].outputs[port].shape) for p, port in adj.data_in[i]]
-        from_input[i] = op.type in FEED_OPS or any(from_input[p] for p, _ in adj.data_in[i])
-        own: dict[int, Value] = {}
+        data_in = adj.data_in[i]
+        if op.type in FEED_OPS:
+            from_input[i] = True
+        else:
+            for p, _ in data_in:
+                if from_input[p]:
+                    from_input[i] = True
+                    break
+        own = no_values
         if op.outputs and op.outputs[0].dtype in ("int32", "int64"):
             own = _int_values(graph, i, vals, shapes)
             for port, value in own.items():
@@ -110,7 +117,7 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
         out: list[tuple[int, ...] | None] = []
         for port, spec in enumerate(op.outputs):
             s = spec.shape
-            if s is not None and any(d < -1 for d in s):
+            if s and min(s) < -1:
                 raise GraphError(
                     f"{graph.source}: node {op.name!r} output {port} has an invalid shape {list(s)}"
                 )
@@ -127,6 +134,7 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
             if s is None:
                 out.append(None)
                 continue
+            ins = [(shapes[p][q], ops[p].outputs[q].shape) for p, q in data_in]
             r = _resolve_one(graph, i, s, ins, batch_size)
             if r[0] == -1 and from_input[i] and op.outputs[port].dtype != "resource":
                 r = (batch_size,) + r[1:]
@@ -136,12 +144,17 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
         shapes[i] = out
     nbytes: list[list[int]] = []
     unknown: list[str] = []
+    bytes_of: dict[tuple[tuple[int, ...] | None, str], int] = {}  # few distinct shapes
     for i, op in enumerate(ops):
         row = []
         for port, spec in enumerate(op.outputs):
-            b = op.attrs.get("string_bytes", -1) if spec.dtype == "string" else _bytes(
-                shapes[i][port], spec.dtype
-            )
+            if spec.dtype == "string":
+                b = op.attrs.get("string_bytes", -1)
+            else:
+                key = (shapes[i][port], spec.dtype)
+                b = bytes_of.get(key)
+                if b is None:
+                    b = bytes_of[key] = _bytes(*key)
             if b > _MAX_BYTES:
                 raise GraphError(
                     f"{graph.source}: node {op.name!r} output {port} would need {b} bytes "
@@ -232,7 +245,7 @@ def _check_resolved(
     """
     op = graph.ops[i]
     for port, shape in enumerate(out):
-        if shape is not None and any(d < -1 for d in shape):
+        if shape and min(shape) < -1:
             raise GraphError(
                 f"{graph.source}: node {op.name!r} output {port} would have a negative "
                 f"dimension (shape {list(shape)})"
@@ -280,7 +293,10 @@ def _size_tensor_lists(
         ):
             nbytes[i][0] = capacity[ins[0]]  # the stacked elements of a filled list
             unknown.remove(f"{op.name}:0")
-        if not any(o.dtype == "variant" for o in op.outputs):
+        for o in op.outputs:
+            if o.dtype == "variant":
+                break
+        else:
             continue
         sizes = dict(enumerate(nbytes[i]))
         if op.type in _LIST_MAKERS and len(ins) == 2:
