@@ -599,13 +599,20 @@ def _buffers(
     needed = ordering.needed
 
     def note_readers(b: int, tensor: tuple[int, int]) -> None:
-        top = latest[b]
+        top = latest[b]  # at most two entries, latest first
         for c in consumers.get(tensor, ()):
-            if not needed[c] or any(op == c for _, op in top):
+            if not needed[c]:
                 continue
-            top.append((pos[c], c))
-            top.sort(reverse=True)
-            del top[2:]
+            entry = (pos[c], c)
+            if not top:
+                top.append(entry)
+            elif len(top) == 1:
+                if top[0][1] != c:
+                    top.insert(0 if entry > top[0] else 1, entry)
+            elif top[0][1] != c and top[1][1] != c and entry > top[1]:
+                top[1] = entry
+                if entry > top[0]:
+                    top.reverse()
 
     def new_buffer(tensor: tuple[int, int], k: str) -> int:
         root.append(tensor)
@@ -622,12 +629,14 @@ def _buffers(
         if needed[i]:
             for t in ins:
                 readers[owner[t]].append(i)
+        may_view = op.type in _VIEW_TYPES
+        may_forward = op.type in _FORWARD_TYPES
         for port, spec in enumerate(op.outputs):
             t = (i, port)
             if not needed[i] and op.type not in FEED_OPS and op.type not in VARIABLE_OPS:
                 owner[t] = new_buffer(t, "pruned")
                 continue
-            src = _view_of(graph, sizes, i, port)
+            src = _view_of(graph, sizes, i, port) if may_view else None
             if src is not None:
                 owner[t] = owner[src]
                 members[owner[t]].append(t)
@@ -645,7 +654,8 @@ def _buffers(
                 owner[t] = new_buffer(t, "persistent")
                 persistent += max(nbytes[i][port], 0)
                 continue
-            b = _forwardable(graph, sizes, pos, i, port, owner, kind, latest)
+            b = _forwardable(graph, sizes, pos, i, port, owner, kind, latest) if (
+                may_forward) else None
             if b is not None:
                 owner[t] = b
                 members[b].append(t)
@@ -656,7 +666,7 @@ def _buffers(
     for b, (p, port) in enumerate(root):
         if kind[b] != "transient":
             continue
-        rs = sorted(set(readers[b]), key=lambda r: pos[r])
+        rs = sorted(set(readers[b]), key=pos.__getitem__)
         op = ops[p]
         out.append(Buffer(
             tensor=f"{op.name}:{port}",
@@ -677,6 +687,11 @@ _REDUCTIONS = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "All", "Any"})
 #: List reads whose output ``k`` is an element the list holds (no new buffer).
 _LIST_READS = {"TensorListGetItem": 0, "TensorListPopBack": 1}
 _WHILE_OPS = frozenset({"While", "StatelessWhile"})
+
+
+#: Op types :func:`_view_of` may find a view in (it answers None for all others).
+_VIEW_TYPES = ALIAS_OPS | _LIST_READS.keys() | _WHILE_OPS | _REDUCTIONS | {
+    "Transpose", "StridedSlice", "Slice"}
 
 
 def _view_of(graph: Graph, sizes: Sizes, i: int, port: int) -> tuple[int, int] | None:
@@ -751,6 +766,10 @@ def _update_copies(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffe
     last: dict[int, int] = {}
     for i in ordering.schedule:
         op = ops[i]
+        if op.type != "ReadVariableOp" and (op.type not in _VIEW_TYPES or not any(
+            t in root for t in adj.data_in[i]
+        )):
+            continue  # a view is of one of the op's inputs: none is a read's
         for port in range(len(op.outputs)):
             if op.type == "ReadVariableOp":
                 r = i
@@ -1185,6 +1204,10 @@ _FORWARD_INTO = {
     "Select": (0, (1, 2)),
     "SelectV2": (0, (1, 2)),
 }
+
+
+#: Op types :func:`_forwardable` may forward an input of (it answers None for all others).
+_FORWARD_TYPES = FORWARDING_OPS | _FORWARD_INTO.keys() | _WHILE_OPS
 
 
 def _forwardable(
