@@ -1,0 +1,136 @@
+"""The studio zoomed in, in a real browser: a drag draws the window op by op, a name search
+selects an op and zooms to it, a double click goes back to the whole graph."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from browser_kit import CHROMEDRIVER, CHROMIUM, chrome_options
+from dash_client import Server
+
+import lmscore
+from lmscore.samples import sample_dir
+from lmsviz import figures, rendering
+
+pytestmark = pytest.mark.browser
+
+if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+    pytest.skip("Chromium or chromedriver is missing", allow_module_level=True)
+pytest.importorskip("selenium")
+
+from selenium import webdriver  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+#: Page offset, from the plot's centre, of level ``x`` on lane ``y`` of the ordering view.
+LANE_XY = """
+var gd = document.querySelector('#studio .js-plotly-plot');
+var L = gd._fullLayout, r = gd.getBoundingClientRect();
+return [L.xaxis._offset + L.xaxis.d2p(arguments[0]) - r.width / 2,
+        L.yaxis._offset + L.yaxis.d2p(arguments[1]) - r.height / 2];
+"""
+FIGURE = "var gd = document.querySelector('#studio .js-plotly-plot');"
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    srv = Server(tmp_path_factory.mktemp("lms-data"), "mlp")
+    try:
+        srv.start()
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    profile = tempfile.mkdtemp(prefix="lms-chromium-")
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=chrome_options(profile))
+    driver.get(srv.url + "/")
+    yield driver
+    driver.quit()
+    srv.stop()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def wait(driver: Any, what: Callable[[], Any], msg: str, timeout: float = 30) -> Any:
+    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda _d: what(),
+                                                                    message=msg)
+
+
+def detail_ops(driver: Any) -> list[int]:
+    return driver.execute_script(
+        FIGURE + "var t = gd && gd._fullData && gd._fullData[arguments[0]];"
+        "return t && t.customdata ? Array.from(t.customdata) : [];", figures.T_DETAIL_OPS)
+
+
+def x_range(driver: Any) -> list[float]:
+    return driver.execute_script(FIGURE + "return gd._fullLayout.xaxis.range;")
+
+
+def mlp() -> tuple[lmscore.Graph, tuple[int, ...]]:
+    g = lmscore.load(str(sample_dir() / "mlp.pb"))
+    return g, lmscore.order(g).levels
+
+
+def test_a_drag_over_a_few_levels_draws_their_ops_one_by_one(browser: Any) -> None:
+    wait(browser, lambda: browser.execute_script(FIGURE + "return !!(gd && gd._fullData);"),
+         "the figure")
+    assert detail_ops(browser) == []  # the whole graph: lanes only
+    ticks = browser.execute_script(FIGURE + "return gd._fullLayout.yaxis2.ticktext;")
+    assert any(t.endswith(("KiB", "MiB", "GiB")) for t in ticks), ticks
+    plot = browser.find_element(By.CSS_SELECTOR, "#studio .js-plotly-plot")
+    (ax, ay) = browser.execute_script(LANE_XY, 8.6, 2.3)
+    (bx, by) = browser.execute_script(LANE_XY, 14.4, 1.7)
+    (ActionChains(browser).move_to_element_with_offset(plot, int(ax), int(ay)).click_and_hold()
+     .move_by_offset(int((bx - ax) / 2), int((by - ay) / 2))
+     .move_by_offset(int((bx - ax) / 2), int((by - ay) / 2)).release().perform())
+    g, levels = mlp()
+    # levels partly in view count: 8.6-14.4 shows levels 8 to 15
+    wanted = sorted(i for i, lv in enumerate(levels) if 8 <= lv <= 15)
+    wait(browser, lambda: sorted(detail_ops(browser)) == wanted, "the window's ops")
+    lo, hi = x_range(browser)
+    assert 8 < lo < 9 and 14 < hi < 15
+    note = browser.find_element(By.ID, "window-note").text
+    assert f"levels 8–15: {len(wanted)} ops drawn one by one" in note
+    labels = browser.execute_script(
+        FIGURE + "return Array.from(gd._fullData[arguments[0]].text);", figures.T_DETAIL_OPS)
+    assert figures.short_name(g.ops[wanted[0]].name, 22) in labels
+
+
+def test_find_selects_the_op_and_zooms_to_it(browser: Any) -> None:
+    g, levels = mlp()
+    name = "sparse_categorical_crossentropy/Sum"
+    i = g.index[name]
+    field = browser.find_element(By.ID, "find")
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys(Keys.BACKSPACE, name, Keys.ENTER)
+    wait(browser, lambda: f"found {name} at level {levels[i]}" in
+         browser.find_element(By.ID, "message").text, "the search's message")
+    wait(browser, lambda: i in detail_ops(browser), "the found op drawn")
+    lo, hi = x_range(browser)
+    assert lo < levels[i] < hi and hi - lo <= 2 * rendering.FIND_SPAN + 1
+    # selected: the op is ringed where it is drawn
+    wait(browser, lambda: browser.execute_script(
+        FIGURE + "return (gd._fullLayout.shapes || []).some(s => s.type === 'circle' &&"
+        " Math.abs(s.xanchor - arguments[0]) < 1e-9);", levels[i]), "the ring")
+
+
+def test_a_name_that_matches_nothing_says_so(browser: Any) -> None:
+    field = browser.find_element(By.ID, "find")
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys(Keys.BACKSPACE, "no-such-op-anywhere", Keys.ENTER)
+    wait(browser, lambda: "no op or tensor named like" in
+         browser.find_element(By.ID, "message").text, "the refusal")
+
+
+def test_a_double_click_goes_back_to_the_whole_graph(browser: Any) -> None:
+    plot = browser.find_element(By.CSS_SELECTOR, "#studio .js-plotly-plot")
+    (x, y) = browser.execute_script(LANE_XY, 10, 0.5)
+    ActionChains(browser).move_to_element_with_offset(plot, int(x), int(y)).double_click() \
+        .perform()
+    wait(browser, lambda: detail_ops(browser) == [], "the window cleared")
+    assert x_range(browser)[1] > 30
