@@ -144,3 +144,25 @@ def test_profiled_mlp_predicts_its_step():
     # the modelled step of a profile replaces the tuner's preset
     r = tune(g, batch, 1 << 30, profile=p)
     assert r.baseline_step_seconds == pytest.approx(predicted)
+
+
+@pytest.mark.tf
+def test_lms_profile_then_tune_with_it(tmp_path, capsys):
+    from lmscore import cli, load, samples
+    from lmscore.profile import profiled_op_seconds as seconds_of
+
+    out = tmp_path / "mlp.json"
+    assert cli.main(["profile", "mlp", "--batch-size", "256", "--steps", "3",
+                     "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "step, measured" in printed and f"wrote {out}" in printed
+    p = load_profile(out)
+    g = load(samples.find("mlp"))
+    assert p.batch_size == 256 and p.fingerprint == fingerprint(g) and p.op_kernels
+    assert cli.main(["tune", "mlp", "--budget", "64MiB", "--batch-size", "1024",
+                     "--profile", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["baseline_step_seconds"] == pytest.approx(
+        sum(seconds_of(g, resolve(g, 1024), p)))
+    assert cli.main(["tune", "bert", "--budget", "1GiB", "--profile", str(out)]) == 2
+    assert "profile: made for another graph" in capsys.readouterr().err
