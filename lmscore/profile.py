@@ -334,7 +334,8 @@ def fitted_device(profile: Profile, graph: Graph, sizes: Sizes | None = None) ->
         bandwidth = flops_rate = 1e12  # nothing but tiny ops: the launch cost is the model
     bandwidth = bandwidth or flops_rate / 4
     flops_rate = flops_rate or bandwidth * 16
-    return Device(profile.device, 0, flops_rate, bandwidth, launch)
+    return Device(profile.device, 0, flops_rate, bandwidth, launch,
+                  source=f"fitted to a profile of {profile.device} ({profile.kernel_library})")
 
 
 def profiled_op_seconds(
