@@ -187,6 +187,43 @@ def level_click(driver: Any, level: int) -> float:
                               " ? window.__shown - window.__clicked : null", timeout=60))
 
 
+SUMMARY_HOOK = """
+if (!window.__lmsSummary) {
+    window.__lmsSummary = true;
+    new MutationObserver(function () { window.__changed = performance.now(); }).observe(
+        document.getElementById('summary'), {childList: true, subtree: true,
+                                             characterData: true});
+}
+window.__changed = 0;
+window.__t0 = performance.now();
+"""
+
+
+def toggle(driver: Any) -> float:
+    """Milliseconds from a click on a hotspot's swap cell to the summary's update."""
+    # a tick or an untick: both change the plan (the knobs' plan may have ticked them all)
+    cell = next(c for c in driver.find_elements(
+        By.CSS_SELECTOR, '#hotspots td[data-dash-column="swap"]') if c.text.strip() != "\u2014")
+    before = text(driver, "sum-swapped")
+    driver.execute_script(SUMMARY_HOOK)
+    cell.click()
+    poll(driver, "return document.getElementById('sum-swapped').textContent !== arguments[0]"
+                 " && window.__changed > 0 ? 1 : null", before, timeout=120)
+    return float(driver.execute_script("return window.__changed - window.__t0"))
+
+
+def batch_change(driver: Any, batch: int) -> float:
+    """Milliseconds from Enter in the batch field to the summary naming the new batch."""
+    field = driver.find_element(By.ID, "batch")
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys(Keys.BACKSPACE, str(batch))
+    driver.execute_script(SUMMARY_HOOK)
+    field.send_keys(Keys.ENTER)
+    poll(driver, "return document.getElementById('sum-graph').textContent.indexOf("
+                 "'batch ' + arguments[0]) >= 0 ? 1 : null", batch, timeout=300)
+    return float(driver.execute_script("return window.__changed - window.__t0"))
+
+
 def floor(repeats: int) -> list[float]:
     """First paints of the one-plot page."""
     proc, url = start("floor", None, pathlib.Path(tempfile.mkdtemp()))
@@ -240,6 +277,8 @@ def bench(name: str, graph: str, batch: int | None, repeats: int) -> dict[str, A
             figures.T_BEFORE))
         clicks = [level_click(driver, n_levels * (k + 1) // (repeats + 2))
                   for k in range(max(2, repeats // 2))]
+        toggles = [toggle(driver) for _ in range(repeats)]
+        batches = [batch_change(driver, b) for b in (4, 8, 6, 12, 2, 16, 3)[:repeats]]
         ops = text(driver, "sum-graph")
     finally:
         driver.quit()
@@ -253,7 +292,12 @@ def bench(name: str, graph: str, batch: int | None, repeats: int) -> dict[str, A
           + ", ".join(f"{p:.0f}" for p in servers) + ")")
     print(f"  knob change, visible    {median(visibles)}")
     print(f"  level click -> table    {median(clicks)}")
-    return {"paint": paints, "server": servers, "visible": visibles, "clicks": clicks}
+    print(f"  swap toggle -> summary  {median(toggles)}   (n={len(toggles)}: "
+          + ", ".join(f"{p:.0f}" for p in toggles) + ")")
+    print(f"  batch change -> summary {median(batches)}   (n={len(batches)}: "
+          + ", ".join(f"{p:.0f}" for p in batches) + ")")
+    return {"paint": paints, "server": servers, "visible": visibles, "clicks": clicks,
+            "toggles": toggles, "batches": batches}
 
 
 def main() -> int:
