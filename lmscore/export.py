@@ -52,6 +52,7 @@ from tensorboard.compat.proto import attr_value_pb2, graph_pb2, node_def_pb2, ty
 
 from .errors import ConfigError, GraphError, LmsError, PlanError, RunError
 from .ir import Graph, Op, TensorSpec, lint, split_tensor
+from .order import order
 from .plan import Plan, fingerprint, plan_from_params, write_atomic
 from .rewrite import SWAP_IN, SWAP_OUT, Rewrite, rewrite
 from .tune import TuneResult
@@ -682,7 +683,7 @@ def _device_groups(graph: Graph) -> dict[str, tuple[int, ...]]:
     readers: list[set[int]] = [set() for _ in graph.ops]
     for (p, _port), cs in adj.consumers.items():
         readers[p].update(cs)
-    topo = _topological(graph)
+    topo = list(order(graph).schedule)  # a topological order
     # Data edges only: the step's last op waits for every stateful op of every device.
     for i in reversed(topo):
         if not device[i]:
@@ -724,21 +725,6 @@ def _canonical(device: str) -> str:
     """``"CPU:1"`` for ``/job:localhost/replica:0/task:0/device:CPU:1``; "" if unplaced."""
     m = _DEVICE_KIND.search(device or "")
     return f"{m.group(1).upper()}:{m.group(2)}" if m else ""
-
-
-def _topological(graph: Graph) -> list[int]:
-    adj = graph.adjacency
-    indeg = [len(p) for p in adj.preds]
-    stack = [i for i, d in enumerate(indeg) if d == 0][::-1]
-    out = []
-    while stack:
-        i = stack.pop()
-        out.append(i)
-        for s in adj.succs[i]:
-            indeg[s] -= 1
-            if not indeg[s]:
-                stack.append(s)
-    return out
 
 
 def _device_step(graph: Graph, members: Sequence[int], device: str) -> tuple[Graph, set[str]]:
