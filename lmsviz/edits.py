@@ -43,6 +43,7 @@ from .state import (
     load_sample,
     plan_store,
     presets,
+    timed,
 )
 
 #: Largest batch size accepted from the form.
@@ -590,6 +591,12 @@ def control(app: AppContext, trigger: str | None, values: dict[str, Any],
         A changed plan is saved for the tab (``plans/<tab>/``) and the plan before it
         pushed on the tab's undo stack; a successful action clears an earlier message.
     """
+    with timed(f"control {trigger}"):
+        return _control(app, trigger, values, session)
+
+
+def _control(app: AppContext, trigger: str | None, values: dict[str, Any],
+             session: dict[str, Any]) -> Update:
     up = _dispatch(app, trigger, values, session)
     history = session.get("history") or {}
     if up.plan is not None and up.history is None and not up.error:

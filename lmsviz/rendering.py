@@ -24,7 +24,15 @@ from lmscore.units import format_bytes, parse_bytes
 
 from . import figures
 from .results import After, Base, after_of, base_of, live_row, plan_digest, plan_of
-from .state import AppContext, LoadedGraph, default_settings, empty_view, sample_options
+from .state import (
+    AppContext,
+    LoadedGraph,
+    default_settings,
+    empty_view,
+    sample_options,
+    stage,
+    timed,
+)
 
 SWAP_ON, SWAP_OFF, SWAP_NO = "☑ swapped", "☐ swap", "—"
 RECOMPUTE_ON, RECOMPUTE_OFF = "☑ recomputed", "☐ recompute"
@@ -66,23 +74,34 @@ def render(app: AppContext, session: dict[str, Any], *, full: bool = True,
         With a patch: replace the traces that depend on the plan and settings. When only
         the selection changed the patch touches the layout alone.
     """
+    with timed("render" if full else "render patch"):
+        return _render(app, session, full=full, data=data)
+
+
+def _render(app: AppContext, session: dict[str, Any], *, full: bool, data: bool) -> Rendered:
     graph_ref, settings = session["graph"], session["settings"]
     plan_data, view = session["plan"] or {}, session["view"] or empty_view()
     loaded = app.resolve(graph_ref)
     batch = int(settings["batch"])
-    base = base_of(app, loaded, batch, settings.get("workspace", "accelerator"))
+    with stage("base"):
+        base = base_of(app, loaded, batch, settings.get("workspace", "accelerator"))
     message = None
     try:
         plan = plan_of(app, loaded, plan_data.get("json"))
     except PlanError as e:
         plan = empty_plan(loaded.graph)
         message = f"the stored plan does not fit this graph and was ignored: {e}"
-    after = after_of(app, base, plan, plan_digest(plan_data.get("json")) if not message else None)
+    with stage("evaluate"):
+        after = after_of(app, base, plan,
+                         plan_digest(plan_data.get("json")) if not message else None)
     try:
         budget: int | None = parse_bytes(settings.get("budget") or "")
     except ConfigError:
         budget = None
     sim = base.sim
+    with stage("hover"):
+        hover_before = _hover(app, base, None)
+        hover_after = _hover(app, base, after) if after else None
     curves = figures.Curves(
         before=sim.device_curve,
         after=after.device if after else None,
@@ -90,41 +109,46 @@ def render(app: AppContext, session: dict[str, Any], *, full: bool = True,
         peak_before=(sim.peak_level, sim.peak_bytes),
         peak_after=(after.peak_level, after.sim.peak_bytes) if after else None,
         budget=budget,
-        hover_before=_hover(app, base, None),
-        hover_after=_hover(app, base, after) if after else None,
+        hover_before=hover_before,
+        hover_after=hover_after,
     )
     level = view.get("level")
     table_level = level if level is not None else (after.peak_level if after else sim.peak_level)
     hl = _highlight(loaded, base, view)
     swaps = _swap_draws(loaded, after.rewrite.plan if after else plan)
-    if full:
-        fig, note = figures.studio_figure(
-            base.ops, base.positions, curves, swaps, hl, max_points=app.max_points,
-            uirevision=f"{loaded.key}:{batch}",
-        )
-        figure: Any = fig
-    else:
-        figure = dash.Patch()
-        if data:
-            for k, tr in enumerate(figures.dynamic_traces(swaps, base.positions, curves)):
-                figure["data"][figures.T_SWAP_EDGES + k] = tr.to_plotly_json()
-            for k, v in figures.memory_axis(curves).items():
-                figure["layout"]["yaxis2"][k] = v
-        figure["layout"]["shapes"] = figures.selection_shapes(hl, base.positions)
-        note = no_update
+    with stage("figure"):
+        if full:
+            fig, note = figures.studio_figure(
+                base.ops, base.positions, curves, swaps, hl, max_points=app.max_points,
+                uirevision=f"{loaded.key}:{batch}",
+            )
+            figure: Any = fig
+        else:
+            figure = dash.Patch()
+            if data:
+                for k, tr in enumerate(figures.dynamic_traces(swaps, base.positions, curves)):
+                    figure["data"][figures.T_SWAP_EDGES + k] = tr.to_plotly_json()
+                for k, v in figures.memory_axis(curves).items():
+                    figure["layout"]["yaxis2"][k] = v
+            figure["layout"]["shapes"] = figures.selection_shapes(hl, base.positions)
+            note = no_update
     ahead = int(settings.get("knobs", {}).get("ahead", 1))
-    rows = hotspot_rows(base, plan, table_level, ahead=ahead, after=after)
+    with stage("rows"):
+        rows = hotspot_rows(base, plan, table_level, ahead=ahead, after=after)
     styles = _row_styles(view.get("tensor"))
     where = ("selected level" if level is not None else
              "peak with the plan" if after else "peak")
     caption = (f"Tensors live at level {table_level} ({where}): {len(rows)}. "
                "Click a row to see its lifetime; click its swap or recompute cell to toggle it.")
-    editor, groups = _editor(loaded, plan, view.get("tensor"))
+    with stage("panels"):
+        editor, groups = _editor(loaded, plan, view.get("tensor"))
+        panel = summary(loaded, base, plan, plan_data, after, budget)
+        listed = recompute_list(loaded, plan)
     return Rendered(
-        figure=figure, note=note, summary=summary(loaded, base, plan, plan_data, after, budget),
+        figure=figure, note=note, summary=panel,
         rows=rows, row_styles=styles, caption=caption, editor=editor, groups=groups,
         rendered={"key": loaded.key, "batch": batch, "workspace": base.workspace},
-        message=message, recomputes=recompute_list(loaded, plan),
+        message=message, recomputes=listed,
     )
 
 

@@ -23,6 +23,7 @@ import contextlib
 import fcntl
 import hashlib
 import importlib
+import logging
 import os
 import pathlib
 import re
@@ -65,6 +66,53 @@ DEFAULT_MAX_JOBS = 2
 DEFAULT_SERVER_MAX_OPS = 1_000_000
 #: How long a heavy request waits for a free slot before it is refused.
 DEFAULT_JOB_WAIT = 60.0
+
+
+#: Set (to anything) to log each callback's stages and their milliseconds (one line each,
+#: logger ``lmsviz.timing``); ``bench/bench_ui.py`` reads them from the server's log.
+TIMING_ENV = "LMS_TIMING"
+_timing_log = logging.getLogger("lmsviz.timing")
+_stages = threading.local()
+
+
+@contextlib.contextmanager
+def timed(callback: str) -> Iterator[None]:
+    """Time one callback and the :func:`stage` blocks it runs; log them if asked.
+
+    Off (nothing recorded) unless the environment sets :data:`TIMING_ENV`.
+
+    Parameters
+    ----------
+    callback : str
+        Names the log line (``"control"``, ``"render"``).
+    """
+    if not os.environ.get(TIMING_ENV) or getattr(_stages, "rec", None) is not None:
+        yield
+        return
+    rec: list[tuple[str, float]] = []
+    _stages.rec = rec
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        _stages.rec = None
+        total = 1000 * (time.perf_counter() - t0)
+        _timing_log.info("timing %s %.1f ms: %s", callback, total,
+                         ", ".join(f"{name} {ms:.1f}" for name, ms in rec))
+
+
+@contextlib.contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Time a block of the callback :func:`timed` is timing (nothing when it is not)."""
+    rec = getattr(_stages, "rec", None)
+    if rec is None:
+        yield
+        return
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        rec.append((name, 1000 * (time.perf_counter() - t0)))
 
 
 class ServerBusy(LmsError):
