@@ -108,7 +108,7 @@ def _size_arg(text: str) -> int:
 
 def _preset_arg(kind: str) -> Callable[[str], str]:
     """The type of ``--device``/``--link``: a preset's name in any case, as spelled in the table."""
-    from .tune import DEVICES, LINKS, preset
+    from .presets import DEVICES, LINKS, preset
 
     table = DEVICES if kind == "device" else LINKS
 
@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print one JSON object instead of the summary")
 
-    from .tune import DEVICES, LINKS
+    from .presets import DEVICES, LINKS
 
     p = sub.add_parser("tune", help="the fastest plan that fits a memory budget")
     _graph_args(p)
