@@ -227,12 +227,15 @@ def top_residents(
     bufs = [b for b in sim.buffers if not b.host and b.bytes > 0]
     bufs.sort(key=lambda b: -b.bytes)
     full = int((count >= k).sum())
-    for n, b in enumerate(bufs):
+    # each buffer's range of positions, found for all of them at once
+    firsts = np.fromiter((b.first for b in bufs), dtype=np.int64, count=len(bufs))
+    lasts = np.fromiter((b.first if b.scratch else b.last for b in bufs), dtype=np.int64,
+                        count=len(bufs))
+    los = np.searchsorted(sorted_pos, firsts, "left").tolist()
+    his = np.searchsorted(sorted_pos, lasts, "right").tolist()
+    for n, (lo, hi) in enumerate(zip(los, his, strict=True)):
         if full >= m:
             break
-        hi_pos = b.first if b.scratch else b.last
-        lo = int(np.searchsorted(sorted_pos, b.first, "left"))
-        hi = int(np.searchsorted(sorted_pos, hi_pos, "right"))
         if lo >= hi:
             continue
         sel = by_pos[lo:hi]
@@ -269,6 +272,7 @@ def evaluate_plan(
     workspace: str = "accelerator",
     before: Simulation | None = None,
     sizes: Sizes | None = None,
+    rewritten: Rewrite | None = None,
 ) -> PlanEvaluation:
     """Rewrite ``graph`` by ``plan`` and simulate it before and after.
 
@@ -286,6 +290,9 @@ def evaluate_plan(
     sizes : Sizes, optional
         The original graph's resolved sizes at this batch size: the rewritten graph's are
         extended from them (its new ops are copies of existing tensors).
+    rewritten : Rewrite, optional
+        ``rewrite(graph, plan)`` if the caller has it already (it does not depend on the
+        batch size or the workspace model).
 
     Returns
     -------
@@ -293,7 +300,7 @@ def evaluate_plan(
     """
     if before is None:
         before = simulate(graph, batch_size, sizes=sizes, workspace=workspace)
-    rw = rewrite(graph, plan)
+    rw = rewritten if rewritten is not None else rewrite(graph, plan)
     if rw.plan.changes_nothing():
         after = before  # the rewrite adds nothing
     else:

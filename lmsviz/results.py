@@ -17,7 +17,7 @@ import lmscore
 from lmscore.evaluate import PlanEvaluation, evaluate_plan
 from lmscore.memory import Simulation
 from lmscore.plan import Plan, check_plan, empty_plan, plan_from_json, recompute_refused
-from lmscore.rewrite import Rewrite
+from lmscore.rewrite import Rewrite, rewrite
 from lmscore.shapes import Sizes, resolve
 
 from . import figures
@@ -174,15 +174,21 @@ def after_of(app: AppContext, base: Base, plan: Plan, digest: str | None = None
     if plan.changes_nothing():
         return None
     digest = digest or plan_digest(plan.to_json())
+    key = ("after", base.loaded.key, base.batch, base.workspace, digest)
+    hit = app.results.get(key)
+    if hit is not None:
+        return hit
+    # the rewrite does not depend on the batch size: a batch change only simulates again
+    # (weight 1: the After holds the same graph and is weighed by its ops)
+    rw = app.compute(("rewrite", base.loaded.key, digest),
+                     lambda: rewrite(base.loaded.graph, plan), "rewriting the plan")
 
     def compute() -> After:
         ev = evaluate_plan(base.loaded.graph, plan, base.batch, workspace=base.workspace,
-                           before=base.sim, sizes=base.sizes)
+                           before=base.sim, sizes=base.sizes, rewritten=rw)
         return After(plan, ev, int(np.argmax(ev.device_curve)) if ev.device_curve else 0)
 
-    return app.compute(("after", base.loaded.key, base.batch, base.workspace, digest), compute,
-                       "simulating the plan", len(base.loaded.graph.ops))
-
+    return app.compute(key, compute, "simulating the plan", len(base.loaded.graph.ops))
 
 
 def live_row(base: Base, tensor: str) -> lmscore.LiveTensor | None:

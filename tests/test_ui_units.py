@@ -904,3 +904,21 @@ def test_a_graph_file_on_load_plan_is_refused_by_name(ctx):
     data = (samples.sample_dir() / "mlp.pb").read_bytes()
     up = edits.load_plan_file(ctx, s["graph"], gate("mlp.pb", data))
     assert up.error and "mlp.pb: not a plan file" in up.message
+
+
+def test_a_batch_change_reuses_the_plans_rewrite_and_simulates_as_a_fresh_evaluation(fresh):
+    from lmscore.evaluate import evaluate_plan
+    from lmscore.plan import plan_from_params
+
+    s = session(fresh)
+    loaded = fresh.resolve(s["graph"])
+    b = int(s["settings"]["batch"])
+    plan = plan_from_params(loaded.graph, b, threshold=1)
+    first = results.after_of(fresh, results.base_of(fresh, loaded, b), plan)
+    base = results.base_of(fresh, loaded, 2 * b)
+    again = results.after_of(fresh, base, plan)
+    assert again.rewrite is first.rewrite  # rewritten once for both batch sizes
+    full = evaluate_plan(loaded.graph, plan, 2 * b, sizes=base.sizes)
+    assert again.device == full.device_curve and again.host == full.host_curve
+    assert again.sim.peak_bytes == full.after.peak_bytes
+    assert again.evaluation.dominant() == full.dominant()
