@@ -11,15 +11,15 @@ pass (:func:`lmscore.tune.bound_batch`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .evaluate import PlanEvaluation, evaluate_plan
 from .ir import Graph
-from .memory import Simulation, fits, simulate
+from .memory import Simulation, fits, host_memory_limit, simulate
 from .plan import Plan
 from .shapes import Sizes, resolve
-from .tune import DEVICES, _max_true, bound_batch, op_seconds, plan_seconds, preset
+from .tune import DEVICES, _max_true, bound_batch, op_seconds, plan_seconds, preset, tune
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,8 @@ def summarize(name: str, ev: PlanEvaluation, seconds: tuple[float, float],
         host_peak_bytes=ev.after.host_peak_bytes, swapped_tensors=len(ev.plan.swaps),
         swap_bytes=ev.swap_bytes, recomputed_tensors=len(ev.plan.recomputes),
         cloned_ops=len(ev.rewrite.clones), recompute_bytes=recompute_bytes,
-        base_seconds=base, step_seconds=planned,
-        overhead=max(0.0, planned / base - 1) if base else 0.0,
+        base_seconds=float(base), step_seconds=float(planned),
+        overhead=float(max(0.0, planned / base - 1)) if base else 0.0,
         fits=None if device_bytes is None else ev.fits(device_bytes, safety),
         device_curve=curve, host_curve=ev.host_curve, skipped=len(ev.rewrite.skipped),
     )
@@ -173,6 +173,19 @@ class BatchSweep:
         asked for).
     bound_op : str
         The op whose working set sets that bound.
+    plan_host_bytes : tuple of int, optional
+        Host memory the plan's swapped tensors hold at once, at each batch.
+    host_bytes : int
+        Host memory swapped tensors may hold (TensorFlow's pinned host allocator limit,
+        :func:`lmscore.memory.host_memory_limit`); a plan over it does not fit.
+    next_batch : int
+        The batch after the largest that fits (with the plan if one was given), where the
+        tuner was asked whether any plan fits (0: not asked).
+    next_limited_by : {"", "device", "host"}
+        The tuner's answer there (:attr:`lmscore.tune.TuneResult.limited_by`): ``"host"``
+        when its best plan fits the device but not host memory, ``""`` when it fits.
+    next_message : str
+        The tuner's one line about that batch.
     """
 
     batches: tuple[int, ...]
@@ -185,6 +198,11 @@ class BatchSweep:
     max_with_plan: int = 0
     bound: int = 0
     bound_op: str = ""
+    plan_host_bytes: tuple[int, ...] | None = None
+    host_bytes: int = 0
+    next_batch: int = 0
+    next_limited_by: str = ""
+    next_message: str = ""
 
 
 def batch_grid(top: int, points: int = 10, extra: Sequence[int] = ()) -> tuple[int, ...]:
@@ -214,6 +232,11 @@ def batch_sweep(
     limit: int = 1 << 16,
     bound: bool = True,
     points: int = 10,
+    host_bytes: int | None = None,
+    ask_tuner: bool = False,
+    link: str = "pcie3",
+    strategy: str = "hybrid",
+    progress: Callable[[float, str], None] | None = None,
 ) -> BatchSweep:
     """Simulate ``graph`` over batch sizes against a device of ``device_bytes``.
 
@@ -239,16 +262,30 @@ def batch_sweep(
         Also find the batch no plan can pass (:func:`lmscore.tune.bound_batch`).
     points : int
         Batch sizes of the default grid.
+    host_bytes : int, optional
+        Host memory a plan may hold (default :func:`lmscore.memory.host_memory_limit`).
+    ask_tuner : bool
+        Also run the tuner (:func:`lmscore.tune.tune`, ``strategy``, ``link``) at the batch
+        after the largest that fits, to say whether device or host memory stops a larger
+        batch. It costs one tuning run.
+    link, strategy : str
+        Of that tuning run.
+    progress : callable, optional
+        ``progress(fraction, message)`` as the batch sizes are simulated.
 
     Returns
     -------
     BatchSweep
     """
     dev = DEVICES[preset(device, DEVICES, "device")]
+    host = host_memory_limit() if host_bytes is None else host_bytes
     memo: dict[int, tuple[Sizes, Simulation]] = {}
+    report = progress or (lambda f, m: None)
 
     def at(b: int) -> tuple[Sizes, Simulation]:
         if b not in memo:
+            # the searches go up and down by halves: the fraction done is only a hint
+            report(min(0.9, 0.03 * len(memo)), f"simulating batch {b}")
             sizes = resolve(graph, b)
             memo[b] = sizes, simulate(graph, b, sizes=sizes, workspace=workspace)
         return memo[b]
@@ -265,13 +302,26 @@ def batch_sweep(
     grid = tuple(sorted({int(b) for b in batches if int(b) >= 1}))
     peaks = tuple(at(b)[1].peak_bytes for b in grid)
     seconds = tuple(float(sum(op_seconds(graph, at(b)[0], dev))) for b in grid)
-    plan_peaks = None
+    plan_peaks = plan_host = None
     best = 0
     if plan is not None:
-        evs = [evaluate_plan(graph, plan, b, workspace=workspace, before=at(b)[1],
-                             sizes=at(b)[0]) for b in grid]
+        evs = []
+        for k, b in enumerate(grid):
+            report(0.9 * (k + 1) / len(grid), f"the plan at batch {b}")
+            evs.append(evaluate_plan(graph, plan, b, workspace=workspace, before=at(b)[1],
+                                     sizes=at(b)[0]))
         plan_peaks = tuple(ev.after.peak_bytes for ev in evs)
-        best = max((b for b, ev in zip(grid, evs, strict=True) if ev.fits(device_bytes, safety)),
-                   default=0)
+        plan_host = tuple(ev.after.host_peak_bytes for ev in evs)
+        # a plan fits only where host memory holds what it swaps, as in lmscore.memory.fits
+        best = max((b for b, ev in zip(grid, evs, strict=True)
+                    if fits(ev.after, device_bytes, safety, host_bytes=host)), default=0)
+    nxt, limited, said = 0, "", ""
+    if ask_tuner:
+        nxt = (best if plan is not None else without) + 1
+        report(0.92, f"asking the tuner about batch {nxt}")
+        res = tune(graph, nxt, device_bytes, device=device, link=link, safety=safety,
+                   strategy=strategy, workspace=workspace, host_memory=host)
+        limited, said = ("" if res.fits else res.limited_by or "device"), res.message
+    report(1.0, "done")
     return BatchSweep(grid, peaks, seconds, plan_peaks, device_bytes, safety, without, best,
-                      bound_b, bound_op)
+                      bound_b, bound_op, plan_host, host, nxt, limited, said)

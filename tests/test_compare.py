@@ -173,3 +173,54 @@ def test_find_ranks_exact_then_prefix_then_contained():
     assert find(g, "act:5") == ()  # no such output; and no name contains it
     assert find(g, "") == () and find(g, "zzz") == ()
     assert len(find(g, "a", limit=2)) == 2
+
+
+def batched_long_edge():
+    """long_edge with a batch dimension: a:0 and c:0 are 4000 B per sample."""
+    from graphs import t
+
+    from lmscore.ir import Graph, Op
+
+    big, small = t("float", -1, 1000), t("float", -1, 8)
+    return Graph((
+        Op("x", "Placeholder", outputs=small),
+        Op("a", "Conv2D", inputs=("x:0",), outputs=big),
+        Op("b", "Conv2D", inputs=("a:0",), outputs=small),
+        Op("c", "Conv2D", inputs=("b:0",), outputs=big),
+        Op("d", "Conv2D", inputs=("c:0",), outputs=small),
+        Op("e", "Conv2D", inputs=("d:0",), outputs=small),
+        Op("f", "Conv2D", inputs=("e:0", "a:0"), outputs=small),
+        Op("g", "Conv2D", inputs=("f:0",), outputs=small),
+    ), "batched_long_edge")
+
+
+def test_batch_sweep_counts_the_plans_host_memory():
+    g = batched_long_edge()
+    plan = plan_from_params(g, 1, threshold=3, ahead=2)  # a:0 to the host
+    sw = batch_sweep(g, 9000, plan=plan, batches=[1, 2, 3], bound=False, host_bytes=1 << 30)
+    assert sw.plan_host_bytes == (4000, 8000, 12000) and sw.host_bytes == 1 << 30
+    assert sw.max_with_plan == 2  # batch 3: 12288 B on the device
+    # host memory for one sample's swap only: the plan fits batch 1 alone
+    sw = batch_sweep(g, 9000, plan=plan, batches=[1, 2, 3], bound=False, host_bytes=5000)
+    assert sw.max_with_plan == 1 and sw.next_batch == 0 and sw.next_message == ""
+
+
+def test_batch_sweep_asks_the_tuner_what_stops_the_next_batch():
+    g = batched_long_edge()
+    plan = plan_from_params(g, 1, threshold=3, ahead=2)
+    kw = {"plan": plan, "batches": [1, 2, 3], "bound": False, "ask_tuner": True,
+          "strategy": "swap", "safety": 1.0}
+    seen = []
+    # batch 3 fits the device with a:0 swapped (12288 B) but holds 12000 B on the host
+    sw = batch_sweep(g, 12400, host_bytes=10_000, progress=lambda f, m: seen.append((f, m)),
+                     **kw)
+    assert (sw.max_with_plan, sw.next_batch, sw.next_limited_by) == (2, 3, "host")
+    assert "host memory stops it" in sw.next_message
+    assert seen[-1] == (1.0, "done") and any("batch 3" in m for _, m in seen)
+    # with host memory to spare the plan fits batch 3, and the device stops batch 4
+    sw = batch_sweep(g, 12400, host_bytes=1 << 30, **kw)
+    assert (sw.max_with_plan, sw.next_batch, sw.next_limited_by) == (3, 4, "device")
+    # a larger device: the tuner fits batch 4
+    sw = batch_sweep(g, 17000, host_bytes=1 << 30, **kw)
+    assert (sw.next_batch, sw.next_limited_by) == (4, "")
+    assert sw.next_message.startswith("fits")
