@@ -641,13 +641,27 @@ def memory_range(curves: Curves) -> list[float]:
     return [0.0, round(top_mib, 3)]
 
 
-def selection_shapes(hl: Highlight, positions: tuple[np.ndarray, np.ndarray]) -> list[dict]:
+def selection_shapes(hl: Highlight, positions: tuple[np.ndarray, np.ndarray],
+                     y_top: float | None = None) -> list[dict]:
     """Layout shapes of the selection.
 
     A dotted line across both rows at the selected level; circles (fixed pixel size)
     around the selected tensor's producer, squares around its consumers, a diamond around
     the selected op; the tensor's lifetime as a band from its first to its last level,
     as high as its size, labelled with its name.
+
+    The label sits inside the band's top, on the side away from the nearer end of the
+    levels, so that it runs towards the middle of the plot (a band near the right end is
+    labelled from its right edge leftwards). With ``y_top`` (the memory axis' top, MiB)
+    a band taller than the axis is cut there, so its label stays in view.
+
+    >>> x, y = op_positions(range(100), ["forward"] * 100)
+    >>> band = lambda s, e, top=None: selection_shapes(
+    ...     Highlight(lifetime=(s, e, 50 * MIB), tensor="t:0"), (x, y), top)[-1]
+    >>> band(90, 99)["label"]["textposition"], band(3, 20)["label"]["textposition"]
+    ('top right', 'top left')
+    >>> band(90, 99)["y1"], band(90, 99, 40.0)["y1"]
+    (50.0, 40.0)
     """
     x, y = positions
     shapes: list[dict] = []
@@ -671,12 +685,16 @@ def selection_shapes(hl: Highlight, positions: tuple[np.ndarray, np.ndarray]) ->
         shapes.append(ring(hl.op, "circle", "#7c3aed", 11))
     if hl.lifetime is not None:
         s, e, nbytes = hl.lifetime
+        last = float(x.max()) if len(x) else 0.0
+        # a label runs from its anchor inwards: from the right edge in the right half
+        side = "right" if (s + e) / 2 > last / 2 else "left"
+        top = nbytes / MIB if y_top is None else min(nbytes / MIB, y_top)
         shapes.append({
             "type": "rect", "xref": "x2", "yref": "y2", "x0": s, "x1": max(e, s + 0.5),
-            "y0": 0, "y1": nbytes / MIB, "fillcolor": "rgba(124,58,237,0.25)",
+            "y0": 0, "y1": top, "fillcolor": "rgba(124,58,237,0.25)",
             "line": {"color": "#7c3aed", "width": 1},
             "label": {"text": f"{hl.tensor} · {format_size(nbytes)} · levels {s}–{e}",
-                      "textposition": "top left", "font": {"size": 11, "color": "#5b21b6"}},
+                      "textposition": f"top {side}", "font": {"size": 11, "color": "#5b21b6"}},
         })
     return shapes
 
@@ -1054,11 +1072,19 @@ class BatchPlot:
     plan_peak_bytes : sequence of int, optional
         Device peak with the current plan.
     max_with_plan : int
-        Largest batch of ``batches`` the plan fits.
+        Largest batch of ``batches`` the plan fits (device and host memory).
     bound : int
         Largest batch any plan could fit (0: not known).
     current : int, optional
         The batch size being looked at.
+    plan_host_bytes : sequence of int, optional
+        Host memory the plan holds at each batch (a lower row, with ``host_bytes``).
+    host_bytes : int
+        The host memory limit (0: not drawn).
+    next_batch : int
+        The batch after the largest that fits, where the tuner was asked (0: not asked).
+    next_limited_by : str
+        Its answer: ``"host"``, ``"device"`` or ``""`` (a tuned plan fits it).
     """
 
     batches: Sequence[int]
@@ -1070,6 +1096,26 @@ class BatchPlot:
     max_with_plan: int = 0
     bound: int = 0
     current: int | None = None
+    plan_host_bytes: Sequence[int] | None = None
+    host_bytes: int = 0
+    next_batch: int = 0
+    next_limited_by: str = ""
+
+
+def limit_note(p: BatchPlot) -> str:
+    """What stops a batch larger than the largest that fits, in one line ("" if not asked).
+
+    >>> print(limit_note(BatchPlot([1], [1], [0.1], 1, 4, next_batch=5, next_limited_by="host")))
+    batch 5: host memory stops it (the tuner's best plan fits the device, not the host)
+    >>> limit_note(BatchPlot([1], [1], [0.1], 1, 4, next_batch=5))
+    'batch 5: auto-tune finds a plan that fits it'
+    """
+    if not p.next_batch:
+        return ""
+    return f"batch {p.next_batch}: " + {
+        "host": "host memory stops it (the tuner's best plan fits the device, not the host)",
+        "device": "device memory stops it, whatever the plan",
+    }.get(p.next_limited_by, "auto-tune finds a plan that fits it")
 
 
 def batch_figure(p: BatchPlot) -> go.Figure:
@@ -1077,6 +1123,8 @@ def batch_figure(p: BatchPlot) -> go.Figure:
 
     The budget is a horizontal line; vertical lines mark the largest batch that fits
     without a plan, with the current plan, the bound no plan passes and the current batch.
+    With ``plan_host_bytes`` and ``host_bytes`` a lower row shows the plan's host memory
+    against the host limit, and the batch where the tuner found host memory to stop it.
 
     >>> fig = batch_figure(BatchPlot([1, 2, 4], [2**20, 2**21, 2**22], [1e-3, 2e-3, 4e-3],
     ...                              3 * 2**20, 2))
@@ -1085,6 +1133,7 @@ def batch_figure(p: BatchPlot) -> go.Figure:
     """
     fig = go.Figure()
     b = list(p.batches)
+    host_row = p.plan_host_bytes is not None and p.host_bytes > 0
     tops = [p.device_bytes, *p.peak_bytes, *(p.plan_peak_bytes or ())]
     top = max(tops) if tops else 1
     fig.add_trace(go.Scatter(
@@ -1105,8 +1154,9 @@ def batch_figure(p: BatchPlot) -> go.Figure:
         text=[f"batch {k}: {s * 1e3:.3g} ms predicted" for k, s in
               zip(b, p.step_seconds, strict=True)],
         hovertemplate="%{text}<extra></extra>"))
+    lo_b, hi_b = min(b, default=1), max(b, default=1)
     fig.add_trace(go.Scatter(
-        x=[min(b, default=1), max(b, default=1)], y=[p.device_bytes / MIB] * 2, mode="lines",
+        x=[lo_b, hi_b], y=[p.device_bytes / MIB] * 2, mode="lines",
         name=f"budget {format_size(p.device_bytes)}", hoverinfo="skip",
         line={"color": "#b91c1c", "dash": "dash", "width": 1.5}))
     marks = [(p.max_without, f"fits up to batch {p.max_without}", "#64748b")]
@@ -1116,6 +1166,8 @@ def batch_figure(p: BatchPlot) -> go.Figure:
         marks.append((p.bound, f"no plan beyond batch {p.bound}", "#111827"))
     if p.current:
         marks.append((p.current, f"batch {p.current}", "#7c3aed"))
+    if p.next_limited_by == "host":
+        marks.append((p.next_batch, f"host memory stops batch {p.next_batch}", "#d97706"))
     ymax = top * 1.1 / MIB
     for k, (x, label, color) in enumerate(marks):
         if x:  # a trace, not a shape: shapes on a log axis take log coordinates
@@ -1127,8 +1179,9 @@ def batch_figure(p: BatchPlot) -> go.Figure:
                 showlegend=False))
     vals, text = memory_ticks(ymax)
     fig.update_layout(
-        height=320, margin={"l": 70, "r": 60, "t": 10, "b": 40}, plot_bgcolor="#ffffff",
-        hovermode="closest", legend={"orientation": "h", "y": -0.25, "x": 0},
+        height=420 if host_row else 320, margin={"l": 70, "r": 60, "t": 10, "b": 40},
+        plot_bgcolor="#ffffff", hovermode="closest",
+        legend={"orientation": "h", "y": -0.2, "x": 0},
         xaxis={"type": "log", "title": {"text": "batch size"}, "gridcolor": "#f1f5f9"},
         yaxis={"tickvals": vals, "ticktext": text, "tickmode": "array",
                "range": [0, ymax], "gridcolor": "#e5e7eb",
@@ -1136,11 +1189,39 @@ def batch_figure(p: BatchPlot) -> go.Figure:
         yaxis2={"overlaying": "y", "side": "right", "title": {"text": "step time (ms)"},
                 "showgrid": False, "rangemode": "tozero"},
     )
+    if host_row:
+        assert p.plan_host_bytes is not None  # for the type checker: host_row says so
+        # the host limit (128 GiB by default) would flatten the device curves: its own row
+        hv = np.asarray(p.plan_host_bytes, dtype=np.float64) / MIB
+        fig.add_trace(go.Scatter(
+            x=b, y=hv, mode="lines+markers", name="host, current plan", yaxis="y3",
+            line={"color": "#d97706", "width": 2},
+            text=[f"batch {k}: the plan holds {format_size(v)} on the host"
+                  for k, v in zip(b, p.plan_host_bytes, strict=True)],
+            hovertemplate="%{text}<extra></extra>"))
+        fig.add_trace(go.Scatter(
+            x=[lo_b, hi_b], y=[p.host_bytes / MIB] * 2, mode="lines", yaxis="y3",
+            name=f"host limit {format_size(p.host_bytes)}", hoverinfo="skip",
+            line={"color": "#92400e", "dash": "dash", "width": 1.5}))
+        htop = max(float(hv.max(initial=0.0)), p.host_bytes / MIB) * 1.1 or 1.0
+        hvals, htext = memory_ticks(htop, 3)
+        fig.update_layout(
+            yaxis={"domain": [0.36, 1]}, yaxis2={"domain": [0.36, 1]},
+            yaxis3={"domain": [0, 0.26], "anchor": "x", "range": [0, htop],
+                    "tickvals": hvals, "ticktext": htext, "tickmode": "array",
+                    "gridcolor": "#e5e7eb", "title": {"text": "host memory"}},
+            legend={"y": -0.14})
     return fig
 
 
 def comparison_rows(summaries: Sequence[Any]) -> list[dict[str, Any]]:
-    """Rows of the plan comparison table, one per :class:`lmscore.compare.PlanSummary`."""
+    """Rows of the plan comparison table, one per :class:`lmscore.compare.PlanSummary`.
+
+    Sizes are written as the summary above the views writes them
+    (:func:`lmscore.units.format_bytes`), so the two can be read against each other.
+    """
+    from lmscore.units import format_bytes as format_size
+
     rows = []
     for s in summaries:
         rows.append({

@@ -192,8 +192,9 @@ def test_comparison_rows():
     s = PlanSummary("current", 3 * GIB, 7, MIB, 2, 2 * MIB, 1, 3, 4096, 1.0, 1.25, 0.25, True,
                     (), ())
     (row,) = figures.comparison_rows([s])
-    assert row == {"plan": "current", "peak": "3.00 GiB (level 7)", "host": "1.0 MiB",
-                   "swapped": "2 · 2.0 MiB", "recomputed": "1 · 4.0 KiB (3 ops)",
+    # sizes as the summary writes them
+    assert row == {"plan": "current", "peak": "3.00 GiB (level 7)", "host": "1.00 MiB",
+                   "swapped": "2 · 2.00 MiB", "recomputed": "1 · 4.00 KiB (3 ops)",
                    "overhead": "25.0%", "step": "1.25e+03 ms", "fits": "yes"}
 
 
