@@ -22,7 +22,7 @@ from dash import Input, Output, State, ctx, dcc, no_update
 
 from lmscore.errors import LmsError
 
-from . import edits, files, rendering, tuning
+from . import compare_panel, edits, files, rendering, tuning
 from .edits import Update
 from .state import AppContext, ServerBusy
 
@@ -164,6 +164,8 @@ def register(app: dash.Dash, state: AppContext) -> None:
             return no_update
         return {"content": text, "filename": name, "type": "application/json"}
 
+    register_compare(app, state)
+
     if getattr(app, "_background_manager", None) is None:
         # without diskcache/multiprocess/psutil the tuner runs inside the request
         @app.callback(
@@ -204,6 +206,144 @@ def register(app: dash.Dash, state: AppContext) -> None:
         except Exception as e:  # noqa: BLE001 - a failing tuner must not leave the UI stuck
             return {"error": f"the tuner failed: {type(e).__name__}: {e}"}
 
+
+
+def register_compare(app: dash.Dash, state: AppContext) -> None:
+    """The compare panel's callbacks and the zoomed window drawn again after a plan edit.
+
+    The panel computes only while it is open (:mod:`lmsviz.compare_panel`); the batch
+    sweep is a background job like auto-tune.
+    """
+    app.clientside_callback(
+        files.GATE_JS, Output("compare-gate", "data"), Output("compare-upload", "contents"),
+        Input("compare-upload", "contents"), State("compare-upload", "filename"),
+        State("st-config", "data"), prevent_initial_call=True,
+    )
+
+    @app.callback(
+        Output("st-compare-plans", "data"), Output("compare-pick", "value"),
+        Output("compare-message", "children"), Output("compare-message", "className"),
+        Input("plan-save", "n_clicks"), Input("st-plan", "data"), Input("compare-gate", "data"),
+        State("st-graph", "data"), State("st-compare-plans", "data"),
+        prevent_initial_call=True,
+    )
+    def _keep_plan(_n: Any, plan: Any, gate: Any, graph: Any, kept: Any) -> tuple[Any, ...]:
+        fp = str((graph or {}).get("fingerprint", ""))
+        try:
+            if ctx.triggered_id == "compare-gate":
+                name, loaded = compare_panel.read_upload(state, graph or {}, gate)
+                kept, pid = compare_panel.remember(kept, fp, name, loaded.to_json())
+                return kept, pid, f"{name}: {compare_panel.plan_label(loaded)}", "message ok"
+            source = (plan or {}).get("source")
+            if not (plan or {}).get("json") or (ctx.triggered_id == "st-plan"
+                                                and source not in ("file", "saved")):
+                return no_update, no_update, no_update, no_update
+            p = compare_panel.plan_of(state, state.resolve(graph or {}), plan["json"])
+            what = "saved" if ctx.triggered_id == "plan-save" else (
+                "loaded" if source == "file" else "restored")
+            kept, _ = compare_panel.remember(
+                kept, fp, compare_panel.next_name(kept, what, p), plan["json"])
+            return kept, no_update, "", "message"
+        except LmsError as e:
+            return no_update, no_update, f"not kept for comparison: {e}", "message error"
+        except Exception as e:  # noqa: BLE001 - a bug must not leave the page without an answer
+            return no_update, no_update, internal_error("compare", e), "message error"
+
+    @app.callback(
+        Output("compare-panel", "style"), Output("compare-open", "children"),
+        Output("compare-pick", "options"), Output("compare-table", "data"),
+        Output("compare-figure", "figure"), Output("compare-figure", "style"),
+        Output("compare-note", "children"),
+        Input("compare-open", "n_clicks"), Input("st-plan", "data"), Input("st-graph", "data"),
+        Input("st-settings", "data"), Input("compare-pick", "value"),
+        Input("st-compare-plans", "data"), prevent_initial_call=True,
+    )
+    def _compare(n: Any, plan: Any, graph: Any, settings: Any, pick: Any, kept: Any
+                 ) -> tuple[Any, ...]:
+        if not n or n % 2 == 0:  # closed: nothing is computed
+            return {"display": "none"}, "compare plans ▸", *([no_update] * 5)
+        shown = ({}, "compare plans ▾")
+        fp = str((graph or {}).get("fingerprint", ""))
+        opts = compare_panel.options(kept, fp)
+        other = next((e for e in kept or [] if e.get("id") == pick and e.get("fp") == fp), None)
+        try:
+            rows, fig = compare_panel.comparison(state, graph, settings, plan, other)
+        except (LmsError, ServerBusy) as e:
+            return (*shown, opts, [], no_update, no_update, f"cannot compare: {e}")
+        except Exception as e:  # noqa: BLE001 - a bug must not leave the page without an answer
+            return (*shown, opts, [], no_update, no_update, internal_error("compare", e))
+        note = ("Pick a plan this tab saved or loaded to compare it too." if other is None
+                else "")
+        return (*shown, opts, rows, fig, {}, note)
+
+    @app.callback(
+        Output("batch-figure", "figure"), Output("batch-figure", "style"),
+        Output("batch-note", "children"),
+        Input("st-batch", "data"), Input("compare-open", "n_clicks"), Input("st-graph", "data"),
+        Input("st-settings", "data"), Input("st-plan", "data"), prevent_initial_call=True,
+    )
+    def _batch_view(result: Any, n: Any, graph: Any, settings: Any, plan: Any
+                    ) -> tuple[Any, ...]:
+        if not n or n % 2 == 0:
+            return no_update, no_update, no_update
+        try:
+            fig, note = compare_panel.batch_view(state, graph, settings, plan, result)
+        except Exception as e:  # noqa: BLE001 - a bug must not leave the page without an answer
+            return no_update, {"display": "none"}, internal_error("batch plot", e)
+        if fig is None:
+            return no_update, {"display": "none"}, note
+        return fig, {}, note
+
+    @app.callback(
+        Output("studio", "figure", allow_duplicate=True),
+        Output("window-note", "children", allow_duplicate=True),
+        Input("st-plan", "data"), State("studio", "relayoutData"), State("st-graph", "data"),
+        State("st-settings", "data"), prevent_initial_call=True,
+    )
+    def _window_after_edit(plan: Any, relayout: Any, graph: Any, settings: Any
+                           ) -> tuple[Any, Any]:
+        # a zoomed window draws the plan's swap and recompute ops: draw it again
+        session = {"graph": graph, "settings": settings, "plan": plan}
+        try:
+            patch, note, _ = rendering.zoom(state, session, relayout, None, None)
+        except Exception:  # noqa: BLE001 - the next zoom draws it; the render says the rest
+            return no_update, no_update
+        return patch, note
+
+    def sweep(progress: Callable[[float, str], None], graph: Any, settings: Any, plan: Any
+              ) -> dict[str, Any]:
+        try:
+            return compare_panel.run_sweep(state, graph, settings, plan, progress)
+        except Exception as e:  # noqa: BLE001 - a failing job must not leave the UI stuck
+            return {"error": f"the batch sweep failed: {type(e).__name__}: {e}"}
+
+    if getattr(app, "_background_manager", None) is None:
+        @app.callback(Output("st-batch", "data"), Input("batch-run", "n_clicks"),
+                      State("st-graph", "data"), State("st-settings", "data"),
+                      State("st-plan", "data"), prevent_initial_call=True)
+        def _batch_inline(_n: Any, graph: Any, settings: Any, plan: Any) -> dict[str, Any]:
+            return sweep(lambda f, m: None, graph, settings, plan)
+
+        return
+
+    @app.callback(
+        Output("st-batch", "data"),
+        Input("batch-run", "n_clicks"), State("st-graph", "data"), State("st-settings", "data"),
+        State("st-plan", "data"), background=True,
+        running=[
+            (Output("batch-run", "disabled"), True, False),
+            (Output("batch-cancel", "disabled"), False, True),
+            (Output("batch-progress", "style"), {"visibility": "visible"},
+             {"visibility": "hidden"}),
+        ],
+        progress=[Output("batch-progress", "value"), Output("batch-status", "children")],
+        progress_default=[0, ""], cancel=[Input("batch-cancel", "n_clicks")], interval=400,
+        prevent_initial_call=True,
+    )
+    def _batch(set_progress: Callable[[Any], None], _n: Any, graph: Any, settings: Any,
+               plan: Any) -> dict[str, Any]:
+        set_progress((0, "starting…"))
+        return sweep(lambda f, m: set_progress((round(100 * f), m)), graph, settings, plan)
 
 
 def internal_error(action: str, exc: BaseException) -> str:

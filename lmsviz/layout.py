@@ -13,7 +13,7 @@ from typing import Any
 from dash import dash_table, dcc, html
 from dash.dash_table.Format import Format, Scheme
 
-from . import figures
+from . import compare_panel, figures
 from .state import AppContext, presets
 
 #: Labels of the sync modes (TFLMS v2).
@@ -219,6 +219,48 @@ def views(rendered: Any) -> html.Div:
     ], className="views")
 
 
+def compare_section() -> html.Div:
+    """The compare panel, closed: plans side by side, and memory against the batch size.
+
+    Its contents are drawn when it is opened (:mod:`lmsviz.compare_panel`).
+    """
+    hidden = {"display": "none"}
+    return html.Div([
+        html.Button("compare plans ▸", id="compare-open", title="the current plan against "
+                    "the unplanned step and a saved plan; memory against the batch size"),
+        html.Div([
+            html.Div([
+                _field("compare with", dcc.Dropdown(
+                    id="compare-pick", options=[], value=None, clearable=True,
+                    placeholder="a plan this tab saved or loaded", className="picker"),
+                    "plans this tab saved (save plan) or loaded (load plan, or the upload "
+                    "next to this)"),
+                dcc.Upload(id="compare-upload", children=html.Div("load a plan to compare "
+                                                                  "(.json)"),
+                           className="upload small"),
+            ], className="row"),
+            html.Div(id="compare-message", className="message", role="status"),
+            html.Div(id="compare-note", className="note"),
+            _table(id="compare-table", columns=compare_panel.COLUMNS, data=[],
+                   style_cell={"fontFamily": "system-ui, sans-serif", "fontSize": "13px",
+                               "padding": "4px 8px", "textAlign": "left"},
+                   style_header={"fontWeight": "600", "backgroundColor": "#f1f5f9"}),
+            dcc.Graph(id="compare-figure", config=GRAPH_CONFIG, style=hidden),
+            html.H4("memory against the batch size"),
+            html.Div([
+                html.Button("plot peak memory against batch size", id="batch-run",
+                            className="primary"),
+                html.Button("cancel", id="batch-cancel", disabled=True),
+                html.Progress(id="batch-progress", value="0", max="100",
+                              style={"visibility": "hidden"}),
+                html.Span(id="batch-status", className="status"),
+            ], className="row"),
+            html.Div(id="batch-note", className="note"),
+            dcc.Graph(id="batch-figure", config=GRAPH_CONFIG, style=hidden),
+        ], id="compare-panel", style=hidden),
+    ], className="compare")
+
+
 def build(app: AppContext, session: dict[str, Any], rendered: Any,
           picker: tuple[list[dict[str, str]], str]) -> html.Div:
     """The whole page for a new visit.
@@ -243,6 +285,7 @@ def build(app: AppContext, session: dict[str, Any], rendered: Any,
         controls(session, picker),
         html.Div(id="message", className="message", role="status"),
         html.Div(rendered.summary, id="summary", className="summary"),
+        compare_section(),
         views(rendered),
         dcc.Store(id="st-graph", storage_type="session", data=session["graph"]),
         dcc.Store(id="st-settings", storage_type="session", data=session["settings"]),
@@ -255,5 +298,9 @@ def build(app: AppContext, session: dict[str, Any], rendered: Any,
         dcc.Store(id="st-tune"),
         dcc.Store(id="graph-gate"),
         dcc.Store(id="plan-gate"),
+        # plans this tab saved or loaded, to compare with; the batch job's last result
+        dcc.Store(id="st-compare-plans", storage_type="session", data=[]),
+        dcc.Store(id="st-batch"),
+        dcc.Store(id="compare-gate"),
         dcc.Store(id="st-config", data=app.upload_cap_bytes),
     ], className="page")
