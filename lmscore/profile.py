@@ -19,11 +19,13 @@ that depends on the order the executor happens to pick, which no per-op model ca
 
 An op's profiled time is the median over the traced steps of its kernels' compute time
 plus the executor's per-kernel cost (``dispatch_seconds``, once per kernel that ran for
-it: a lowered loop runs many). That cost is fitted once per profile: each traced step is
-followed by an untraced one (so that both see the machine alike), and the median over
-those pairs of the untraced wall time less the traced kernel time, per kernel. Tracing
-itself adds time inside small kernels, so the fit can be negative (an LSTM's thousands of
-loop kernels); then each op's time is kept at zero or more.
+it: a lowered loop runs many). That cost is fitted once per profile: the median wall time
+of the untraced steps, less the median kernel time of the traced steps that follow them,
+per kernel. A first session only warms up (a process's first session ran 1.2-1.5x slower
+than the later ones), and no untraced step follows a traced one (it could run 1.6x slower
+while the trace was collected). Tracing itself adds time inside small kernels, so the fit
+can be negative (an LSTM's thousands of loop kernels); then each op's time is kept at
+zero or more.
 
 The copy bandwidth is that of the tuner's link: on this CPU, the emulated accelerator's
 (:mod:`lmscore.validate`): a ``DeepCopy`` from the device ``CPU:0`` to the host ``CPU:1``
@@ -195,18 +197,24 @@ def profile(
         raise RunError(f"{graph.source}: no GraphDef to run (build the graph with lmscore.load)")
     report = progress or (lambda f, m: None)
     report(0.0, "running the step")
-    # warm-up steps first: the first steps after another session in this process ran
-    # 1.5x slower (MLP, 6.4 against 4.1 ms), and a profile of them predicted that
-    m = measure(graph.graphdef, batch_size, steps=WARMUP_STEPS, trace_step=0,
+    # A session of its own to warm up first: the first session of a process ran the MLP's
+    # steps 1.2-1.5x slower than every later one (12.8 against 10.3 ms with Eigen), warm-up
+    # steps within it or not, and a profile of those predicted the later steps that much
+    # too slow.
+    measure(graph.graphdef, batch_size, steps=WARMUP_STEPS, trace_step=0)
+    report(0.2, "running the step, untraced then traced")
+    m = measure(graph.graphdef, batch_size, steps=WARMUP_STEPS + steps, trace_step=0,
                 op_time_steps=steps)
     report(0.8, "measuring the copies")
     to_device, to_host = _copy_bandwidths(steps)
     names = {op.name for op in graph.ops}
-    walls = m.step_seconds[-len(m.op_times):]  # the untraced step after each traced one
+    # The untraced steps before any traced one: an untraced step right after a traced one
+    # ran up to 1.6x slower at times (the trace is collected while it runs).
+    walls = m.step_seconds[-2 * steps:-steps]
     wall = statistics.median(walls)
-    dispatch = statistics.median(
-        (w - math.fsum(t for t, _ in s.values())) / max(1, sum(k for _, k in s.values()))
-        for w, s in zip(walls, m.op_times, strict=True))
+    dispatch = (wall - statistics.median(math.fsum(t for t, _ in s.values())
+                                         for s in m.op_times)) / max(1, statistics.median(
+        sum(k for _, k in s.values()) for s in m.op_times))
     seconds, kernels = {}, {}
     for name in names:
         runs = [s[name] for s in m.op_times if name in s]
