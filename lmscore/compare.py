@@ -84,7 +84,8 @@ def summarize(name: str, ev: PlanEvaluation, seconds: tuple[float, float],
         cloned_ops=len(ev.rewrite.clones), recompute_bytes=recompute_bytes,
         base_seconds=float(base), step_seconds=float(planned),
         overhead=float(max(0.0, planned / base - 1)) if base else 0.0,
-        fits=None if device_bytes is None else ev.fits(device_bytes, safety),
+        fits=None if device_bytes is None else ev.fits(device_bytes, safety,
+                                                        host_memory_limit()),
         device_curve=curve, host_curve=ev.host_curve, skipped=len(ev.rewrite.skipped),
     )
 
@@ -115,7 +116,8 @@ def compare_plans(
     workspace : str
         Kernel workspace model of the simulations.
     device_bytes : int, optional
-        Device memory each plan is checked against (:func:`lmscore.memory.fits`).
+        Device memory each plan is checked against (:func:`lmscore.memory.fits`, with
+        TensorFlow's host memory limit, :func:`lmscore.memory.host_memory_limit`).
     safety : float
         Fraction of the free device memory the step may use.
     sizes, before : optional
@@ -293,9 +295,7 @@ def batch_sweep(
     without = _max_true(lambda b: fits(at(b)[1], device_bytes, safety), limit)
     bound_b, bound_op = (bound_batch(graph, device_bytes, device=device, safety=safety,
                                      workspace=workspace, limit=limit) if bound else (0, ""))
-    # the bound counts a feed an op reads twice (as its input and as held by the caller),
-    # so on small steps it can fall below a batch that fits: no plan is needed up to there
-    bound_b = max(bound_b, without) if bound else 0
+    bound_b = max(bound_b, without) if bound else 0  # the unplanned step is a plan too
     if batches is None:
         top = min(max(2 * without, 2, bound_b + bound_b // 4), limit)
         batches = batch_grid(top, points, (without, without + 1))

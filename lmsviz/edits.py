@@ -380,8 +380,15 @@ def click_figure(app: AppContext, view: dict[str, Any], click: dict[str, Any] | 
         return Update(view=new_view, message=f"selected op {loaded.graph.ops[op].name} "
                       f"(level {new_view.get('level')})")
     if curve == figures.T_DETAIL_OPS and isinstance(data, int) and data >= 0:
+        try:
+            loaded = app.resolve(graph_ref)
+        except LmsError as e:
+            return refuse(str(e))
+        if data >= len(loaded.graph.ops):
+            return refuse("that op is not in this graph: reload the page")
         new_view["op"] = data  # the window's ops carry their index
-        return Update(view=new_view)
+        return Update(view=new_view, message=f"selected op {loaded.graph.ops[data].name} "
+                      f"(level {new_view.get('level')})")
     if curve in (figures.T_SWAP_OPS, figures.T_DETAIL_MARKS) and isinstance(data, str):
         new_view["tensor"] = data
     return Update(view=new_view)

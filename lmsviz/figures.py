@@ -688,7 +688,7 @@ def selection_shapes(hl: Highlight, positions: tuple[np.ndarray, np.ndarray],
         last = float(x.max()) if len(x) else 0.0
         # a label runs from its anchor inwards: from the right edge in the right half
         side = "right" if (s + e) / 2 > last / 2 else "left"
-        top = nbytes / MIB if y_top is None else min(nbytes / MIB, y_top)
+        top = nbytes / MIB if not y_top or y_top <= 0 else min(nbytes / MIB, y_top)
         shapes.append({
             "type": "rect", "xref": "x2", "yref": "y2", "x0": s, "x1": max(e, s + 0.5),
             "y0": 0, "y1": top, "fillcolor": "rgba(124,58,237,0.25)",
@@ -956,7 +956,7 @@ def studio_figure(
         uirevision=uirevision,
         plot_bgcolor="#ffffff",
         legend={"orientation": "h", "y": -0.08, "x": 0, "font": {"size": 11}},
-        shapes=selection_shapes(hl, positions),
+        shapes=selection_shapes(hl, positions, memory_range(curves)[1]),
         hoverdistance=30,
     )
     fig.update_yaxes(row=1, col=1, tickvals=list(range(len(LANES))), ticktext=LANE_LABELS,

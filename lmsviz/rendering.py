@@ -130,7 +130,8 @@ def _render(app: AppContext, session: dict[str, Any], *, full: bool, data: bool)
                     figure["data"][figures.T_SWAP_EDGES + k] = tr.to_plotly_json()
                 for k, v in figures.memory_axis(curves).items():
                     figure["layout"]["yaxis2"][k] = v
-            figure["layout"]["shapes"] = figures.selection_shapes(hl, base.positions)
+            figure["layout"]["shapes"] = figures.selection_shapes(
+                hl, base.positions, figures.memory_range(curves)[1])
             note = no_update
     ahead = int(settings.get("knobs", {}).get("ahead", 1))
     with stage("rows"):
