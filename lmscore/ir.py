@@ -17,6 +17,7 @@ import contextlib
 import functools
 import gc
 import json
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -182,6 +183,19 @@ class Adjacency:
         for (p, _port), cs in sorted(self.consumers.items()):
             out[p].extend(cs)
         return tuple(map(tuple, out))
+
+
+#: Graphs made by :meth:`Graph.derive` and the graph each keeps the ops of.
+_PARENTS: weakref.WeakKeyDictionary[Graph, Graph] = weakref.WeakKeyDictionary()
+
+
+def parent_of(graph: Graph) -> Graph | None:
+    """The graph ``graph`` was derived from (:meth:`Graph.derive`), if any.
+
+    Its ops are the parent's, at the same positions and with the same names, with some
+    inputs changed and ops appended (a rewrite's swaps, clones and control edges).
+    """
+    return _PARENTS.get(graph)
 
 
 @dataclass(frozen=True, eq=False)
@@ -351,14 +365,16 @@ class Graph:
 
         The new graph may change some ops' inputs and append ops (what a rewrite does);
         its adjacency is then patched from this graph's instead of rebuilt, which is what
-        makes re-simulating an edited plan fast. Anything else falls back to
-        :meth:`replace`. Equal to a fresh build (a property test checks it).
+        makes re-simulating an edited plan fast, and it remembers this graph as its parent
+        (:func:`parent_of`). Anything else falls back to :meth:`replace`. Equal to a fresh
+        build (a property test checks it).
         """
         new = self.replace(ops, source)
         n = len(self.ops)
         if len(new.ops) < n or any(a.name != b.name
                                    for a, b in zip(self.ops, new.ops, strict=False)):
             return new
+        _PARENTS[new] = self
         old = self.adjacency
         changed = [i for i in range(n) if new.ops[i] is not self.ops[i]]
         changed += range(n, len(new.ops))

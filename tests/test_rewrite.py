@@ -313,3 +313,27 @@ def test_a_swish_reads_the_tensor_itself():
     assert not keeps_tensor(g, i["other"], i["b"], 0)
     assert not keeps_tensor(g, i["sig2"], i["b"], 0)
     assert not keeps_tensor(g, i["swish"], i["b"], 0, exact=False)  # tuned plans: a peak
+
+
+@pytest.mark.parametrize(("name", "batch", "fraction"), [("lstm", 16, None), ("bert", 8, None),
+                                                         ("resnet50", 64, 0.6)])
+def test_a_rewritten_step_needs_what_classifying_it_afresh_says(name, batch, fraction):
+    # a rewrite's needed ops are walked back from its original's updates and loss
+    # (ir.parent_of), without classifying its ops again: the same answer as a fresh graph
+    from lmscore.ir import parent_of
+    from lmscore.order import order
+    from lmscore.tune import tune
+
+    g = lmscore.load(sample_dir() / f"{name}.pb")
+    plans = [plan_from_params(g, batch, threshold=t) for t in (2, 20)]
+    if fraction is not None:
+        sim = simulate(g, batch)
+        budget = int(sim.persistent_bytes + fraction * (sim.peak_bytes - sim.persistent_bytes))
+        plans.append(tune(g, batch, budget, safety=1.0).plan)
+        assert plans[-1].recomputes  # clones too
+    for plan in plans:
+        new = rewrite(g, plan).graph
+        assert parent_of(new) is not None
+        fresh = Graph(new.ops, new.source, new.functions, new.graphdef)
+        assert parent_of(fresh) is None
+        assert order(new).needed == order(fresh).needed
