@@ -62,16 +62,17 @@ def register(app: dash.Dash, state: AppContext) -> None:
         Output("graph-picker", "options"), Output("graph-picker", "value"),
         *[Output(c, "value") for c in rendering.CONTROLS],
         Output("hotspots", "active_cell"), Output("hotspots", "selected_cells"),
+        *[Output(c, p, allow_duplicate=True) for c, p in RENDERED],
         *[Input(k, prop) for k, prop in inputs.items()],
         *[State(k, prop) for k, prop in fields.items()],
         State("st-plan", "data"), State("st-view", "data"), State("st-history", "data"),
-        State("st-tab", "data"),
+        State("st-tab", "data"), State("st-rendered", "data"),
         prevent_initial_call=True,
     )
     def _control(*args: Any) -> tuple[Any, ...]:
         names = [*inputs, *fields]
         values = dict(zip(names, args[: len(names)], strict=True))
-        plan, view, history, tab = args[len(names):]
+        plan, view, history, tab, rendered = args[len(names):]
         session = {"graph": values["st-graph"], "settings": values["st-settings"],
                    "plan": plan, "view": view, "history": history, "tab": tab}
         trigger = ctx.triggered_id if isinstance(ctx.triggered_id, str) else None
@@ -79,7 +80,7 @@ def register(app: dash.Dash, state: AppContext) -> None:
             up = edits.control(state, trigger, values, session)
         except Exception as e:  # noqa: BLE001 - a bug must not leave the page without an answer
             up = edits.refuse(internal_error(trigger or "this action", e))
-        return _outputs(up, session, trigger)
+        return (*_outputs(up, session, trigger), *_render_now(state, up, session, rendered))
 
     @app.callback(
         Output("studio", "figure"), Output("ordering-note", "children"),
@@ -96,6 +97,8 @@ def register(app: dash.Dash, state: AppContext) -> None:
     def _render(graph: Any, settings: Any, plan: Any, view: Any, rendered: Any
                 ) -> tuple[Any, ...]:
         session = {"graph": graph, "settings": settings, "plan": plan, "view": view}
+        if rendered and rendered.get("state") == rendering.state_digest(session):
+            return (no_update,) * 12  # the control callback drew this state already
         full = not rendered or any(rendered.get(k) != v for k, v in (
             ("key", graph.get("key")), ("batch", settings.get("batch")),
             ("workspace", settings.get("workspace", "accelerator"))))
@@ -391,6 +394,41 @@ def message_outputs(up: Update, trigger: str | None) -> list[Any]:
     for k in range(len(MESSAGES)):
         out += [up.message, cls] if k == here else ["", "message"]
     return out
+
+
+#: What :func:`lmscore`'s rendering of a session fills, in the render callback's order.
+RENDERED = (("studio", "figure"), ("ordering-note", "children"), ("summary", "children"),
+            ("hotspots", "data"), ("hotspots", "style_data_conditional"),
+            ("hotspot-caption", "children"), ("swap-editor", "children"),
+            ("edit-group", "options"), ("recompute-list", "children"), ("st-rendered", "data"))
+
+
+def _render_now(state: AppContext, up: Update, session: dict[str, Any], rendered: Any
+                ) -> tuple[Any, ...]:
+    """The views of the state an edit makes, drawn in the edit's own answer.
+
+    Without it the browser waits for a second request (the render callback, triggered by
+    the stores the edit changed); that one then finds the state drawn and does nothing.
+    Anything unusual (a refusal, a new graph, a message of the rendering) is left to it.
+    """
+    skip = (no_update,) * len(RENDERED)
+    changed = [k for k in ("graph", "settings", "plan", "view") if getattr(up, k) is not None]
+    if up.error or not changed or up.graph is not None:
+        return skip
+    new = {k: getattr(up, k) if getattr(up, k) is not None else session[k]
+           for k in ("graph", "settings", "plan", "view")}
+    settings = new["settings"] or {}
+    full = not rendered or any(rendered.get(k) != v for k, v in (
+        ("key", (new["graph"] or {}).get("key")), ("batch", settings.get("batch")),
+        ("workspace", settings.get("workspace", "accelerator"))))
+    try:
+        r = rendering.render(state, new, full=full, data=changed != ["view"])
+    except Exception:  # noqa: BLE001 - the render callback answers for it, message and all
+        return skip
+    if r.message:
+        return skip
+    return (r.figure, r.note, r.summary, r.rows, r.row_styles, r.caption, r.editor,
+            r.groups, r.recomputes, r.rendered)
 
 
 def _outputs(up: Update, session: dict[str, Any], trigger: str | None = None

@@ -148,9 +148,25 @@ def _render(app: AppContext, session: dict[str, Any], *, full: bool, data: bool)
     return Rendered(
         figure=figure, note=note, summary=panel,
         rows=rows, row_styles=styles, caption=caption, editor=editor, groups=groups,
-        rendered={"key": loaded.key, "batch": batch, "workspace": base.workspace},
+        rendered={"key": loaded.key, "batch": batch, "workspace": base.workspace,
+                  "state": state_digest(session)},
         message=message, recomputes=listed,
     )
+
+
+def state_digest(session: dict[str, Any]) -> str:
+    """A digest of what :func:`render` draws from: the graph, settings, plan and view.
+
+    The control callback renders the state it makes and stores this digest beside it; the
+    render callback that the stores' change then triggers finds it equal and does nothing
+    (one round trip per edit instead of two).
+    """
+    import hashlib
+    import json
+
+    parts = [session.get(k) for k in ("graph", "settings", "plan", "view")]
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 def _highlight(loaded: LoadedGraph, base: Base, view: dict[str, Any]) -> figures.Highlight:
