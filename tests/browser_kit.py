@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import pathlib
+import shutil
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -29,3 +34,33 @@ def chrome_options(profile: str) -> Any:
                 "--enable-unsafe-swiftshader"):
         opts.add_argument(arg)
     return opts
+
+
+@contextlib.contextmanager
+def served_page(data_dir: pathlib.Path, sample: str, downloads: pathlib.Path | None = None
+                ) -> Iterator[Any]:
+    """``lms serve SAMPLE`` on a free port and a headless Chromium on its page.
+
+    Raises
+    ------
+    RuntimeError
+        If the server does not start.
+    """
+    from dash_client import Server
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    srv = Server(data_dir, sample)
+    srv.start()
+    profile = tempfile.mkdtemp(prefix="lms-chromium-")
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=chrome_options(profile))
+    try:
+        if downloads is not None:
+            driver.execute_cdp_cmd("Browser.setDownloadBehavior",
+                                   {"behavior": "allow", "downloadPath": str(downloads)})
+        driver.get(srv.url + "/")
+        yield driver
+    finally:
+        driver.quit()
+        srv.stop()
+        shutil.rmtree(profile, ignore_errors=True)

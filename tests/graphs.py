@@ -59,3 +59,21 @@ TINY_CATEGORIES = {
 # At batch 2: variable 32 B + consts (8 + 4 + 4) = 48 persistent, feed x 32 B; see
 # tests/test_core.py for the buffer-by-buffer derivation.
 TINY_CURVE_B2 = (80, 80, 96, 96, 108, 124, 116, 132, 116, 116, 84)
+
+
+def long_edge(batch: int = 1) -> Graph:
+    """x -> a(4000 B) -> b -> c(4000 B) -> d -> e -> f(e, a) -> g; a is read at 2 and 6.
+
+    ``batch=-1`` gives every tensor an unknown batch dimension (4000 B per sample).
+    """
+    big, small = t("float", batch, 1000), t("float", batch, 8)
+    return Graph((
+        Op("x", "Placeholder", outputs=small),
+        Op("a", "Conv2D", inputs=("x:0",), outputs=big),
+        Op("b", "Conv2D", inputs=("a:0",), outputs=small),
+        Op("c", "Conv2D", inputs=("b:0",), outputs=big),
+        Op("d", "Conv2D", inputs=("c:0",), outputs=small),
+        Op("e", "Conv2D", inputs=("d:0",), outputs=small),
+        Op("f", "Conv2D", inputs=("e:0", "a:0"), outputs=small),
+        Op("g", "Conv2D", inputs=("f:0",), outputs=small),
+    ), "long_edge" if batch == 1 else "batched_long_edge")

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from graphs import tiny_step
+from graphs import long_edge, tiny_step
 from test_recompute import chain
-from test_rewrite import long_edge
 
 from lmscore.browse import Match, data_edges, find
 from lmscore.compare import batch_sweep, compare_plans
@@ -177,21 +176,7 @@ def test_find_ranks_exact_then_prefix_then_contained():
 
 def batched_long_edge():
     """long_edge with a batch dimension: a:0 and c:0 are 4000 B per sample."""
-    from graphs import t
-
-    from lmscore.ir import Graph, Op
-
-    big, small = t("float", -1, 1000), t("float", -1, 8)
-    return Graph((
-        Op("x", "Placeholder", outputs=small),
-        Op("a", "Conv2D", inputs=("x:0",), outputs=big),
-        Op("b", "Conv2D", inputs=("a:0",), outputs=small),
-        Op("c", "Conv2D", inputs=("b:0",), outputs=big),
-        Op("d", "Conv2D", inputs=("c:0",), outputs=small),
-        Op("e", "Conv2D", inputs=("d:0",), outputs=small),
-        Op("f", "Conv2D", inputs=("e:0", "a:0"), outputs=small),
-        Op("g", "Conv2D", inputs=("f:0",), outputs=small),
-    ), "batched_long_edge")
+    return long_edge(-1)
 
 
 def test_batch_sweep_counts_the_plans_host_memory():

@@ -126,7 +126,7 @@ def test_hotspots_at_peak():
 
 
 def test_hotspot_names_the_tensor_to_swap():
-    from test_rewrite import long_edge
+    from graphs import long_edge
 
     g = long_edge()
     rows = hotspots(g, simulate(g, 1))

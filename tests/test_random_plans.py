@@ -17,10 +17,10 @@ import dataclasses
 import networkx as nx
 import numpy as np
 import pytest
+from graphs import long_edge
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from test_properties import dags
-from test_rewrite import long_edge
 
 from lmscore.errors import LmsError, PlanError
 from lmscore.ir import Graph, lint, split_tensor

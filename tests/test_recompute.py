@@ -6,8 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from graphs import t
-from test_rewrite import long_edge
+from graphs import long_edge, t
 
 from lmscore.errors import PlanError
 from lmscore.evaluate import evaluate_plan

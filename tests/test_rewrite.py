@@ -6,7 +6,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from graphs import t
+from graphs import long_edge, t
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_properties import dags
@@ -32,21 +32,6 @@ from lmscore.plan import (
 )
 from lmscore.rewrite import rewrite
 from lmscore.samples import sample_dir
-
-
-def long_edge() -> Graph:
-    """x -> a(4000 B) -> b -> c(4000 B) -> d -> e -> f(e, a) -> g; a is read at 2 and 6."""
-    big, small = t("float", 1, 1000), t("float", 1, 8)
-    return Graph((
-        Op("x", "Placeholder", outputs=small),
-        Op("a", "Conv2D", inputs=("x:0",), outputs=big),
-        Op("b", "Conv2D", inputs=("a:0",), outputs=small),
-        Op("c", "Conv2D", inputs=("b:0",), outputs=big),
-        Op("d", "Conv2D", inputs=("c:0",), outputs=small),
-        Op("e", "Conv2D", inputs=("d:0",), outputs=small),
-        Op("f", "Conv2D", inputs=("e:0", "a:0"), outputs=small),
-        Op("g", "Conv2D", inputs=("f:0",), outputs=small),
-    ), "long_edge")
 
 
 def test_plan_from_params_picks_the_long_edge_and_its_trigger():

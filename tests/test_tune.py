@@ -7,10 +7,10 @@ import subprocess
 import sys
 
 import pytest
+from graphs import long_edge
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_properties import dags
-from test_rewrite import long_edge
 
 from lmscore.errors import ConfigError
 from lmscore.memory import simulate

@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from browser_kit import CHROMEDRIVER, CHROMIUM, chrome_options
-from dash_client import Server
+from browser_kit import CHROMEDRIVER, CHROMIUM, served_page
 
 import lmscore
 from lmscore.compare import batch_sweep
@@ -30,12 +29,10 @@ if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
     pytest.skip("Chromium or chromedriver is missing", allow_module_level=True)
 pytest.importorskip("selenium")
 
-from selenium import webdriver  # noqa: E402
 from selenium.common.exceptions import (  # noqa: E402
     NoSuchElementException,
     StaleElementReferenceException,
 )
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
@@ -60,22 +57,14 @@ RELU = "mlp_1/dense_1_2/Relu"
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    srv = Server(tmp_path_factory.mktemp("lms-data"), "mlp")
+    downloads = pathlib.Path(tempfile.mkdtemp(prefix="lms-downloads-"))
     try:
-        srv.start()
+        with served_page(tmp_path_factory.mktemp("lms-data"), "mlp", downloads) as driver:
+            yield driver
     except RuntimeError as e:
         pytest.fail(str(e))
-    profile = tempfile.mkdtemp(prefix="lms-chromium-")
-    downloads = pathlib.Path(tempfile.mkdtemp(prefix="lms-downloads-"))
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=chrome_options(profile))
-    driver.execute_cdp_cmd("Browser.setDownloadBehavior",
-                           {"behavior": "allow", "downloadPath": str(downloads)})
-    driver.get(srv.url + "/")
-    yield driver
-    driver.quit()
-    srv.stop()
-    shutil.rmtree(profile, ignore_errors=True)
-    shutil.rmtree(downloads, ignore_errors=True)
+    finally:
+        shutil.rmtree(downloads, ignore_errors=True)
 
 
 def wait(driver: Any, what: Callable[[], Any], msg: str, timeout: float = 30) -> Any:

@@ -4,14 +4,11 @@ selects an op and zooms to it, a double click goes back to the whole graph."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from browser_kit import CHROMEDRIVER, CHROMIUM, chrome_options
-from dash_client import Server
+from browser_kit import CHROMEDRIVER, CHROMIUM, served_page
 
 import lmscore
 from lmscore.samples import sample_dir
@@ -23,8 +20,6 @@ if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
     pytest.skip("Chromium or chromedriver is missing", allow_module_level=True)
 pytest.importorskip("selenium")
 
-from selenium import webdriver  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
@@ -42,18 +37,11 @@ FIGURE = "var gd = document.querySelector('#studio .js-plotly-plot');"
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    srv = Server(tmp_path_factory.mktemp("lms-data"), "mlp")
     try:
-        srv.start()
+        with served_page(tmp_path_factory.mktemp("lms-data"), "mlp") as driver:
+            yield driver
     except RuntimeError as e:
         pytest.fail(str(e))
-    profile = tempfile.mkdtemp(prefix="lms-chromium-")
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=chrome_options(profile))
-    driver.get(srv.url + "/")
-    yield driver
-    driver.quit()
-    srv.stop()
-    shutil.rmtree(profile, ignore_errors=True)
 
 
 def wait(driver: Any, what: Callable[[], Any], msg: str, timeout: float = 30) -> Any:
