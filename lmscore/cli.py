@@ -781,9 +781,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         report = tune_report(result)
         report["batch_size"] = batch
         if args.max_batch:  # how many batches it tries is not known: the bar pulses
+            tried: dict = {}
             without, with_rw = max_batch(graph, budget, strategy=args.strategy,
                                          progress=lambda f, m: bar(None, f"largest batch: {m}"),
-                                         **opts)
+                                         tuned=tried, **opts)
             bar(None, "the batch no plan can pass")
             report["max_batch_without"] = without
             report["max_batch_with"] = with_rw
@@ -791,9 +792,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                 graph, budget, device=args.device, safety=args.safety,
                 workspace=args.workspace)
             # what stops the next batch: the device, or the host memory the swaps need
-            report["max_batch_limited_by"] = "bound" if with_rw >= report[
-                "max_batch_bound"] else tune(graph, with_rw + 1, budget, strategy=args.strategy,
-                                             **opts).limited_by
+            nxt = tried.get(with_rw + 1) or (
+                None if with_rw >= report["max_batch_bound"]
+                else tune(graph, with_rw + 1, budget, strategy=args.strategy, **opts))
+            report["max_batch_limited_by"] = nxt.limited_by if nxt else "bound"
         if args.compare_grappler:
             report["comparison"] = _compare(graph, batch, budget, opts, result,
                                             bar.span(0.8, 1.0))

@@ -882,19 +882,31 @@ def max_batch(
     *,
     rewrite_plans: bool = True,
     limit: int = 1 << 16,
+    tuned: dict[int, TuneResult] | None = None,
     **tune_kwargs,
 ) -> tuple[int, int]:
     """Largest batch that fits without rewriting, and with the tuned rewrite.
 
     Both are found by doubling then bisection (fitting is monotone in the batch size).
-    Returns ``(without, with)``; 0 when not even batch 1 fits.
+    Returns ``(without, with)``; 0 when not even batch 1 fits. ``tuned``, when given, gets
+    the tuner's result at every batch tried with the rewrite (the one after the largest
+    says what stops it: :attr:`TuneResult.limited_by`).
     """
     def fits_plain(b: int) -> bool:
         r = tune(graph, b, budget_bytes, **{**tune_kwargs, "strategy": "tflms"})
         return r.fits and not r.plan.swaps
 
     def fits_tuned(b: int) -> bool:
-        return tune(graph, b, budget_bytes, **tune_kwargs).fits
+        if tune_kwargs.get("strategy", "hybrid") in ("hybrid", "default"):
+            # hybrid weighs the swap plan among its candidates: where that fits, hybrid
+            # does, and the swap planner alone takes a third of the time
+            quick = tune(graph, b, budget_bytes, **{**tune_kwargs, "strategy": "swap"})
+            if quick.fits:
+                return True
+        r = tune(graph, b, budget_bytes, **tune_kwargs)
+        if tuned is not None:
+            tuned[b] = r
+        return r.fits
 
     without = _max_true(fits_plain, limit)
     with_rewrite = _max_true(fits_tuned, limit, start=max(without, 1)) if rewrite_plans else 0
