@@ -29,6 +29,15 @@ from .state import AppContext, ServerBusy
 _log = logging.getLogger("lmsviz")
 
 
+def _upload_gate(app: dash.Dash, name: str) -> None:
+    """The browser-side check of an upload (size, type) before ``NAME-gate`` gets it."""
+    app.clientside_callback(
+        files.GATE_JS, Output(f"{name}-gate", "data"), Output(f"{name}-upload", "contents"),
+        Input(f"{name}-upload", "contents"), State(f"{name}-upload", "filename"),
+        State("st-config", "data"), prevent_initial_call=True,
+    )
+
+
 def register(app: dash.Dash, state: AppContext) -> None:
     """Attach every callback of the page to ``app``."""
     inputs = {
@@ -45,16 +54,8 @@ def register(app: dash.Dash, state: AppContext) -> None:
               "knob-sync": "value", "edit-group": "value", "edit-groupby": "value"}
     stores = ("st-graph", "st-settings", "st-plan", "st-view")
 
-    app.clientside_callback(
-        files.GATE_JS, Output("graph-gate", "data"), Output("graph-upload", "contents"),
-        Input("graph-upload", "contents"), State("graph-upload", "filename"),
-        State("st-config", "data"), prevent_initial_call=True,
-    )
-    app.clientside_callback(
-        files.GATE_JS, Output("plan-gate", "data"), Output("plan-upload", "contents"),
-        Input("plan-upload", "contents"), State("plan-upload", "filename"),
-        State("st-config", "data"), prevent_initial_call=True,
-    )
+    _upload_gate(app, "graph")
+    _upload_gate(app, "plan")
 
     @app.callback(
         *[Output(s, "data") for s in stores], Output("st-history", "data"),
@@ -99,9 +100,7 @@ def register(app: dash.Dash, state: AppContext) -> None:
         session = {"graph": graph, "settings": settings, "plan": plan, "view": view}
         if rendered and rendered.get("state") == rendering.state_digest(session):
             return (no_update,) * 12  # the control callback drew this state already
-        full = not rendered or any(rendered.get(k) != v for k, v in (
-            ("key", graph.get("key")), ("batch", settings.get("batch")),
-            ("workspace", settings.get("workspace", "accelerator"))))
+        full = rendering.needs_full_figure(rendered, session)
         only_view = {t["prop_id"].split(".")[0] for t in ctx.triggered} == {"st-view"}
         try:
             r = rendering.render(state, session, full=full, data=not only_view)
@@ -217,11 +216,7 @@ def register_compare(app: dash.Dash, state: AppContext) -> None:
     The panel computes only while it is open (:mod:`lmsviz.compare_panel`); the batch
     sweep is a background job like auto-tune.
     """
-    app.clientside_callback(
-        files.GATE_JS, Output("compare-gate", "data"), Output("compare-upload", "contents"),
-        Input("compare-upload", "contents"), State("compare-upload", "filename"),
-        State("st-config", "data"), prevent_initial_call=True,
-    )
+    _upload_gate(app, "compare")
 
     @app.callback(
         Output("st-compare-plans", "data"), Output("compare-pick", "value"),
@@ -417,12 +412,9 @@ def _render_now(state: AppContext, up: Update, session: dict[str, Any], rendered
         return skip
     new = {k: getattr(up, k) if getattr(up, k) is not None else session[k]
            for k in ("graph", "settings", "plan", "view")}
-    settings = new["settings"] or {}
-    full = not rendered or any(rendered.get(k) != v for k, v in (
-        ("key", (new["graph"] or {}).get("key")), ("batch", settings.get("batch")),
-        ("workspace", settings.get("workspace", "accelerator"))))
     try:
-        r = rendering.render(state, new, full=full, data=changed != ["view"])
+        r = rendering.render(state, new, full=rendering.needs_full_figure(rendered, new),
+                             data=changed != ["view"])
     except Exception:  # noqa: BLE001 - the render callback answers for it, message and all
         return skip
     if r.message:

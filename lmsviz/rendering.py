@@ -154,6 +154,18 @@ def _render(app: AppContext, session: dict[str, Any], *, full: bool, data: bool)
     )
 
 
+def needs_full_figure(rendered: dict[str, Any] | None, session: dict[str, Any]) -> bool:
+    """Whether the figure must be built whole rather than patched.
+
+    It must when nothing is drawn yet or the session shows another graph, batch or
+    workspace than the one drawn; else a patch of the plan's traces will do.
+    """
+    graph, settings = session.get("graph") or {}, session.get("settings") or {}
+    return not rendered or any(rendered.get(k) != v for k, v in (
+        ("key", graph.get("key")), ("batch", settings.get("batch")),
+        ("workspace", settings.get("workspace", "accelerator"))))
+
+
 def state_digest(session: dict[str, Any]) -> str:
     """A digest of what :func:`render` draws from: the graph, settings, plan and view.
 
