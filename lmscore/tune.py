@@ -523,7 +523,7 @@ def tune(
     ctx = _context(graph, sizes, base, *_time_model(graph, sizes, dev, LINKS[link], profile))
     ctx.host_limit, ctx.safety = host, safety
     base_seconds = sum(ctx.seconds)
-    min_peak, bound = _lower_bound(graph, sizes, base)
+    min_peak, bound = _lower_bound(graph, base)
 
     report(0.0, "simulating the unswapped step")
     empty = Plan(fingerprint(graph), params={"strategy": strategy})
@@ -792,7 +792,7 @@ def _seconds(ctx: _Context, plan: Plan) -> float:
     return _evaluate(ctx, plan.swaps, plan.sync_mode).seconds + clones
 
 
-def _lower_bound(graph: Graph, sizes: Sizes, base: Simulation) -> tuple[int, str]:
+def _lower_bound(graph: Graph, base: Simulation) -> tuple[int, str]:
     """No plan goes below the largest op's inputs + outputs + workspace (+ persistent).
 
     Counted on the simulation's buffers, each once: an output that is a view of an input
@@ -802,7 +802,6 @@ def _lower_bound(graph: Graph, sizes: Sizes, base: Simulation) -> tuple[int, str
     the unplanned step's own peak (the MLP's optimizer ``IdentityN``: 16.1 MB against a
     13.4 MB peak), and ``tune`` refused budgets the step fits.
     """
-    del sizes  # the buffers carry the sizes
     need = [0] * len(graph.ops)
     for b in base.buffers:
         if b.host:
@@ -817,7 +816,7 @@ def _lower_bound(graph: Graph, sizes: Sizes, base: Simulation) -> tuple[int, str
     return min(best + base.persistent_bytes + base.input_bytes, base.worst_peak_bytes), name
 
 
-def _result(graph, batch, plan, fits, budget, memory, base, sim, base_seconds, seconds,
+def _result(graph, batch, plan, fitted, budget, memory, base, sim, base_seconds, seconds,
             strategy, ctx, min_peak, bound, knobs, workspace, reason: str = "") -> TuneResult:
     from .units import format_bytes
 
@@ -825,19 +824,17 @@ def _result(graph, batch, plan, fits, budget, memory, base, sim, base_seconds, s
     overhead = max(0.0, seconds / base_seconds - 1) if base_seconds else 0.0
     host = ctx.host_limit if ctx.host_limit is not None else host_memory_limit()
     limited_by = ""
-    if not fits:
+    if not fitted:
         # the best plan fits the device: what it holds on the host is what stops it
-        from .memory import fits as step_fits  # ``fits`` is this function's argument
-
-        device_ok = reason != "bound" and step_fits(sim, memory, ctx.safety)
+        device_ok = reason != "bound" and fits(sim, memory, ctx.safety)
         limited_by = "host" if device_ok else "device"
-    if fits and plan.changes_nothing():
+    if fitted and plan.changes_nothing():
         need = format_bytes(base.worst_peak_bytes - base.persistent_bytes)
         race = (f", plus {format_bytes(base.race_bytes)} if its loops run their whole "
                 "parallel_iterations window ahead" if base.race_bytes else "")
         message = (f"fits without swapping: the step needs {need} of "
                    f"{format_bytes(budget)} (device peak {format_bytes(base.peak_bytes)}{race})")
-    elif fits:
+    elif fitted:
         rec = f" and {len(plan.recomputes)} recomputed" if plan.recomputes else ""
         how = " in a memory-aware order" if plan.schedule else ""
         message = (f"fits with {len(plan.swaps)} swapped tensors "
@@ -865,7 +862,7 @@ def _result(graph, batch, plan, fits, budget, memory, base, sim, base_seconds, s
                    f"persistent); no plan gets below {format_bytes(min_peak)} (op {bound!r})")
     del graph, workspace
     return TuneResult(
-        plan=plan, fits=fits, budget_bytes=budget, device_memory_bytes=memory,
+        plan=plan, fits=fitted, budget_bytes=budget, device_memory_bytes=memory,
         persistent_bytes=base.persistent_bytes, baseline_peak_bytes=base.peak_bytes,
         predicted_peak_bytes=sim.peak_bytes, predicted_host_peak_bytes=sim.host_peak_bytes,
         predicted_overhead=overhead, baseline_step_seconds=base_seconds,
@@ -940,7 +937,7 @@ def bound_batch(
     def ok(b: int) -> bool:
         sizes = resolve(graph, b)
         base = simulate(graph, b, sizes=sizes, workspace=workspace)
-        need, ops[b] = _lower_bound(graph, sizes, base)
+        need, ops[b] = _lower_bound(graph, base)
         return need - base.persistent_bytes <= transient_budget(
             memory, base.persistent_bytes, safety)
 
