@@ -8,6 +8,8 @@ the browser.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,9 +175,6 @@ def state_digest(session: dict[str, Any]) -> str:
     render callback that the stores' change then triggers finds it equal and does nothing
     (one round trip per edit instead of two).
     """
-    import hashlib
-    import json
-
     parts = [session.get(k) for k in ("graph", "settings", "plan", "view")]
     text = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
