@@ -544,7 +544,8 @@ def restore() -> Update:
 
 #: Plans kept per tab for undo (and for redo); older ones are dropped.
 MAX_HISTORY = 30
-#: Characters of plan JSON the history keeps (it lives in the tab's session storage).
+#: Characters of plan JSON a history keeps in the tab itself (only when the server cannot
+#: keep the texts, :meth:`AppContext.keep_version`).
 MAX_HISTORY_CHARS = 2_000_000
 
 
@@ -560,8 +561,44 @@ def _bounded(stack: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return kept[::-1]
 
 
+def history_entry(app: AppContext, tab: str, store: dict[str, Any]) -> dict[str, Any]:
+    """A plan store as the undo history holds it: its text on the server, its digest here.
+
+    >>> history_entry(None, "", {"json": None, "source": "none"})
+    {'json': None, 'source': 'none'}
+    """
+    text = store.get("json")
+    if not text:
+        return dict(store)
+    digest = plan_digest(text)
+    if not app.keep_version(tab, digest, text):
+        return dict(store)  # the server cannot keep it: the tab carries the text
+    return {**{k: v for k, v in store.items() if k != "json"}, "digest": digest}
+
+
+def _store_of(app: AppContext, tab: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """The plan store a history entry stands for.
+
+    Raises
+    ------
+    PlanError
+        If the server no longer has the plan's text (its data directory was cleared).
+    """
+    if "digest" not in entry:
+        return dict(entry)
+    text = app.version(tab, str(entry["digest"]))
+    if text is None or plan_digest(text) != entry["digest"]:
+        raise PlanError("that plan is no longer on the server")
+    return {**{k: v for k, v in entry.items() if k != "digest"}, "json": text}
+
+
+def _digests(history: dict[str, Any]) -> set[str]:
+    return {str(e["digest"]) for k in ("undo", "redo") for e in history.get(k) or ()
+            if isinstance(e, dict) and "digest" in e}
+
+
 def undo_redo(app: AppContext, graph_ref: dict[str, Any], plan_data: dict[str, Any],
-              history: dict[str, Any], redo: bool) -> Update:
+              history: dict[str, Any], redo: bool, tab: str = "") -> Update:
     """Go back to the plan before the last edit (``redo``: forward again)."""
     take, give = ("redo", "undo") if redo else ("undo", "redo")
     stack = list(history.get(take) or [])
@@ -569,12 +606,13 @@ def undo_redo(app: AppContext, graph_ref: dict[str, Any], plan_data: dict[str, A
         return refuse(f"nothing to {take}")
     entry = stack.pop()
     try:
+        store = _store_of(app, tab, entry)
         loaded = app.resolve(graph_ref)
-        plan = plan_of(app, loaded, entry.get("json"))
+        plan = plan_of(app, loaded, store.get("json"))
     except LmsError as e:
         return refuse(f"{take}: {e}")
-    other = _bounded([*(history.get(give) or []), plan_data])
-    return Update(plan=dict(entry), history={take: stack, give: other},
+    other = _bounded([*(history.get(give) or []), history_entry(app, tab, plan_data)])
+    return Update(plan=store, history={take: stack, give: other},
                   message=f"{take} done: the plan has {plan_counts(plan)}")
 
 
@@ -605,17 +643,20 @@ def control(app: AppContext, trigger: str | None, values: dict[str, Any],
 def _control(app: AppContext, trigger: str | None, values: dict[str, Any],
              session: dict[str, Any]) -> Update:
     up = _dispatch(app, trigger, values, session)
+    tab = str(session.get("tab") or "")
     history = session.get("history") or {}
     if up.plan is not None and up.history is None and not up.error:
         if up.graph is not None:  # another graph: its plans are another history
             history = {"undo": [], "redo": []}
         else:
-            history = {"undo": _bounded([*(history.get("undo") or []),
-                                         session["plan"] or {}]), "redo": []}
+            entry = history_entry(app, tab, session["plan"] or {})
+            history = {"undo": _bounded([*(history.get("undo") or []), entry]), "redo": []}
         up = replace(up, history=history)
+    if up.history is not None:
+        app.prune_versions(tab, _digests(up.history))
     if up.plan is not None and not up.error:
         fp = str((up.graph or session["graph"] or {}).get("fingerprint", ""))
-        app.save_plan(str(session.get("tab") or ""), fp, up.plan.get("json"))
+        app.save_plan(tab, fp, up.plan.get("json"))
     if up.message is None and not up.error and trigger in USER_ACTIONS:
         up = replace(up, message="")  # the last refusal no longer applies
     return up
@@ -690,7 +731,7 @@ def _dispatch(app: AppContext, trigger: str | None, values: dict[str, Any],
     if trigger == "edit-onegroup":
         return regroup_swap(app, g, p, v.get("tensor"), None)
     if trigger in ("undo", "redo"):
-        return undo_redo(app, g, p, session.get("history") or {}, trigger == "redo")
+        return undo_redo(app, g, p, session.get("history") or {}, trigger == "redo", tab)
     if trigger == "tune-cancel":
         return Update(message="auto-tune cancelled; the plan is unchanged")
     if trigger == "st-tune":

@@ -447,6 +447,51 @@ class AppContext:
             return None
         return plan
 
+    # --- the tabs' undo history: plan texts on the server, their digests in the tab ------
+
+    def keep_version(self, tab: str, digest: str, plan_json: str) -> bool:
+        """Keep a plan's text for tab ``tab``'s undo history (``plans/<tab>/history/``).
+
+        The tab's history store then holds the digest alone, so an edit's request and
+        answer do not carry every earlier plan (30 knob plans of ResNet-50 are 2 MB).
+
+        Returns
+        -------
+        bool
+            Whether it is kept (False on a read-only data directory: the caller keeps the
+            text in the history itself).
+        """
+        if not (valid_tab(tab) and _HEX.match(digest)):
+            return False
+        try:
+            folder = self.plans_dir / tab / "history"
+            target = folder / f"{digest}.json"
+            if not target.exists():
+                folder.mkdir(parents=True, exist_ok=True)
+                write_atomic(target, plan_json)
+        except (OSError, ConfigError):
+            return False
+        return True
+
+    def version(self, tab: str, digest: str) -> str | None:
+        """The text :meth:`keep_version` kept, or None when it is gone."""
+        if not (valid_tab(tab) and isinstance(digest, str) and _HEX.match(digest)):
+            return None
+        try:
+            return (self.plans_dir / tab / "history" / f"{digest}.json").read_text()
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    def prune_versions(self, tab: str, keep: set[str]) -> None:
+        """Delete the tab's kept plan texts that its history no longer names."""
+        if not valid_tab(tab):
+            return
+        folder = self.plans_dir / tab / "history"
+        with contextlib.suppress(OSError):
+            for p in folder.glob("*.json"):
+                if p.stem not in keep:
+                    p.unlink(missing_ok=True)
+
 
 def valid_tab(tab: Any) -> bool:
     """Whether ``tab`` is a tab id as :func:`new_tab_id` makes them (safe as a file name).

@@ -836,7 +836,10 @@ def test_undo_and_redo_walk_the_tabs_plans(fresh):
     knobs = edits.control(fresh, "knobs-apply", {"knob-threshold": 2, "knob-ahead": 1,
                                                  "knob-groupby": 5, "knob-sync": 0}, s1)
     s2 = {**s1, "plan": knobs.plan, "history": knobs.history}
-    assert [h["json"] for h in s2["history"]["undo"]] == [None, first.plan["json"]]
+    # the tab's history names the plans; their texts stay on the server
+    assert [h.get("json") for h in s2["history"]["undo"]] == [None, None]
+    assert s2["history"]["undo"][1]["digest"] == results.plan_digest(first.plan["json"])
+    assert RELU not in json.dumps(s2["history"]) and RELU in first.plan["json"]
     back = edits.control(fresh, "undo", {}, s2)
     assert back.plan == first.plan and "undo done" in back.message
     s3 = {**s2, "plan": back.plan, "history": back.history}
@@ -852,6 +855,37 @@ def test_undo_and_redo_walk_the_tabs_plans(fresh):
     # a new edit drops the redo stack
     again = edits.control(fresh, "plan-reset", {}, s4)
     assert again.history["redo"] == []
+    # only the plans the history names are kept
+    kept = {p.stem for p in (fresh.data_dir / "plans" / s["tab"] / "history").glob("*.json")}
+    assert kept == {e["digest"] for e in again.history["undo"] if "digest" in e}
+
+
+def test_undo_says_so_when_the_server_lost_the_plan(fresh):
+    s = session(fresh)
+    first = edits.control(fresh, "hotspots", {"hotspots": {"row_id": RELU,
+                                                           "column_id": "recompute"}}, s)
+    s1 = {**s, "plan": first.plan, "history": first.history}
+    knobs = edits.control(fresh, "knobs-apply", {"knob-threshold": 2, "knob-ahead": 1,
+                                                 "knob-groupby": 5, "knob-sync": 0}, s1)
+    s2 = {**s1, "plan": knobs.plan, "history": knobs.history}
+    for p in (fresh.data_dir / "plans" / s["tab"] / "history").glob("*.json"):
+        p.unlink()
+    lost = edits.control(fresh, "undo", {}, s2)
+    assert lost.error and lost.plan is None
+    assert lost.message == "undo: that plan is no longer on the server"
+
+
+def test_a_history_in_a_read_only_data_dir_carries_the_plans(fresh, monkeypatch):
+    monkeypatch.setattr(type(fresh), "keep_version", lambda *a: False)
+    s = session(fresh)
+    first = edits.control(fresh, "hotspots", {"hotspots": {"row_id": RELU,
+                                                           "column_id": "recompute"}}, s)
+    s1 = {**s, "plan": first.plan, "history": first.history}
+    knobs = edits.control(fresh, "knobs-apply", {"knob-threshold": 2, "knob-ahead": 1,
+                                                 "knob-groupby": 5, "knob-sync": 0}, s1)
+    assert knobs.history["undo"][1]["json"] == first.plan["json"]
+    s2 = {**s1, "plan": knobs.plan, "history": knobs.history}
+    assert edits.control(fresh, "undo", {}, s2).plan == first.plan
 
 
 @pytest.mark.parametrize("value, why", [
