@@ -1293,44 +1293,58 @@ def hotspots(
         it) passes :func:`lmscore.plan.swap_refusal` and has a reader more than one level
         after it, as ``lmscore.plan.add_swap`` requires.
     """
-    from .plan import swap_refusal
-
     ordering = order(graph)
     if sizes is None:
         sizes = resolve(graph, sim.batch_size)
+    lvl = sim.peak_level if level is None else level
+    return tuple(live_tensor(graph, b, sizes=sizes, ordering=ordering)
+                 for b in live_at(sim, lvl)[:limit])
+
+
+def live_tensor(graph: Graph, b: Buffer, *, sizes: Sizes, ordering: Ordering | None = None
+                ) -> LiveTensor:
+    """One buffer of a simulation of ``graph`` as a hotspot row (see :func:`hotspots`).
+
+    Parameters
+    ----------
+    graph : Graph
+    b : Buffer
+        A device buffer of the simulation.
+    sizes : Sizes
+        The graph's sizes at the simulation's batch size.
+    ordering : Ordering, optional
+        ``order(graph)``, if the caller has it.
+    """
+    from .plan import swap_refusal
+
+    ordering = ordering or order(graph)
     lv = ordering.levels
     adj = graph.adjacency
-    lvl = sim.peak_level if level is None else level
-    rows = []
-    for b in live_at(sim, lvl)[:limit]:
-        best, reach = b.tensor, -1
-        own = b.tensor.rpartition(":")[0] in graph.index
-        for t in (b.tensor, *b.views) if own and not b.scratch else ():
-            name, _, port = t.rpartition(":")
-            i = graph.index[name]
-            far = max((lv[c] - lv[i] for c in adj.consumers.get((i, int(port)), ())),
-                      default=-1)
-            if far > reach:
-                best, reach = t, far
-        category = ordering.categories[b.producer]
-        if b.scratch or (not own and b.tensor.endswith("/workspace")):
-            reason = "kernel workspace"
-        elif not own:
-            reason = "results a loop computed ahead (no tensor of the graph)"
-        else:
-            name, _, port = best.rpartition(":")
-            reason = swap_refusal(graph, ordering, sizes, graph.index[name], int(port))
-        if not reason and reach <= 1:  # every reader of every view is adjacent to it
-            reason = "no gap between producer and last reader"
-        rows.append(LiveTensor(
-            tensor=b.tensor,
-            bytes=b.bytes,
-            producer_level=b.start,
-            last_use_level=b.end,
-            distance=b.distance,
-            category=category,
-            swappable=not reason,
-            reason=reason,
-            swap_tensor=best if own and not b.scratch else "",
-        ))
-    return tuple(rows)
+    best, reach = b.tensor, -1
+    own = b.tensor.rpartition(":")[0] in graph.index
+    for t in (b.tensor, *b.views) if own and not b.scratch else ():
+        name, _, port = t.rpartition(":")
+        i = graph.index[name]
+        far = max((lv[c] - lv[i] for c in adj.consumers.get((i, int(port)), ())), default=-1)
+        if far > reach:
+            best, reach = t, far
+    if b.scratch or (not own and b.tensor.endswith("/workspace")):
+        reason = "kernel workspace"
+    elif not own:
+        reason = "results a loop computed ahead (no tensor of the graph)"
+    else:
+        name, _, port = best.rpartition(":")
+        reason = swap_refusal(graph, ordering, sizes, graph.index[name], int(port))
+    if not reason and reach <= 1:  # every reader of every view is adjacent to it
+        reason = "no gap between producer and last reader"
+    return LiveTensor(
+        tensor=b.tensor,
+        bytes=b.bytes,
+        producer_level=b.start,
+        last_use_level=b.end,
+        distance=b.distance,
+        category=ordering.categories[b.producer],
+        swappable=not reason,
+        reason=reason,
+        swap_tensor=best if own and not b.scratch else "",
+    )

@@ -33,6 +33,10 @@ LANE_COLORS = {
 }
 #: Above this many ops the ordering view shows one point per (level bin, category).
 MAX_POINTS = 20_000
+#: Whether traces are checked by Plotly as they are built. Off: a check walks every point
+#: (two thirds of building the ResNet-50 figure); ``test_figures`` builds each figure both
+#: ways and compares them.
+VALIDATE = False
 MIB = 2**20
 #: Lane labels on the y-axis (clones are drawn in the swap lane when zoomed in).
 LANE_LABELS = [*CATEGORIES, "swap · recompute"]
@@ -204,6 +208,16 @@ class Highlight:
     tensor: str = ""
 
 
+
+def _scatter(**props: Any) -> go.Scatter:
+    """A ``go.Scatter``, checked only when :data:`VALIDATE` is set."""
+    return go.Scatter(_validate=VALIDATE, **props)
+
+
+def _scattergl(**props: Any) -> go.Scattergl:
+    """A ``go.Scattergl``, checked only when :data:`VALIDATE` is set."""
+    return go.Scattergl(_validate=VALIDATE, **props)
+
 def format_mib(n: float) -> str:
     """Bytes as MiB or GiB text.
 
@@ -372,7 +386,7 @@ def ordering_traces(
             f"<br>{format_mib(ops.nbytes[i])}"
             for i in idx.tolist()
         ]
-        traces.append(go.Scattergl(
+        traces.append(_scattergl(
             x=x[idx], y=y[idx], mode="markers", name=c,
             marker={"size": 5, "color": LANE_COLORS[c], "opacity": 0.75},
             text=text, customdata=idx, hovertemplate="%{text}<extra>%{fullData.name}</extra>",
@@ -412,7 +426,7 @@ def _aggregated_traces(ops: OpTable, max_points: int) -> tuple[list[go.Scattergl
                 largest[sel].tolist(), strict=True,
             )
         ]
-        traces.append(go.Scattergl(
+        traces.append(_scattergl(
             x=b * width + (width - 1) / 2, y=np.full(len(sel), float(k)), mode="markers",
             name=c,
             # a vertical bar per bin, as tall as the bin is wide in ops (like the columns
@@ -548,13 +562,13 @@ def overlay_traces(
     ex, ey = _segments(lay.edges)
     tx, ty = _segments(lay.triggers)
     return [
-        go.Scattergl(x=ex, y=ey, mode="lines", name="rewired edges", hoverinfo="skip",
+        _scattergl(x=ex, y=ey, mode="lines", name="rewired edges", hoverinfo="skip",
                      line={"color": LANE_COLORS["swap"], "width": 1}, opacity=0.5,
                      xaxis="x", yaxis="y", showlegend=bool(lay.edges)),
-        go.Scattergl(x=tx, y=ty, mode="lines", name="triggers", hoverinfo="skip",
+        _scattergl(x=tx, y=ty, mode="lines", name="triggers", hoverinfo="skip",
                      line={"color": "#7c3aed", "width": 1, "dash": "dot"}, opacity=0.6,
                      xaxis="x", yaxis="y", showlegend=bool(lay.triggers)),
-        go.Scattergl(x=lay.x, y=lay.y, mode="markers", name="swap ops", text=lay.text,
+        _scattergl(x=lay.x, y=lay.y, mode="markers", name="swap ops", text=lay.text,
                      customdata=lay.tensor, hovertemplate="%{text}<extra></extra>",
                      marker={"symbol": "diamond", "size": 8, "color": LANE_COLORS["swap"],
                              "line": {"width": 1, "color": "#7c2d12"}},
@@ -582,13 +596,21 @@ def memory_traces(curves: Curves) -> list[go.Scatter]:
     def line(values: Sequence[int] | None, name: str, color: str, dash: str = "solid",
              width: float = 1.5, hover: Sequence[str] | None = None) -> go.Scatter:
         if values is None:
-            return go.Scatter(x=[], y=[], name=name, xaxis="x2", yaxis="y2", showlegend=False)
-        text = list(hover) if hover is not None else [
-            f"{name}, level {k}: {format_size(v)}" for k, v in enumerate(values)]
-        return go.Scatter(
+            return _scatter(x=[], y=[], name=name, xaxis="x2", yaxis="y2", showlegend=False)
+        # a level's text is sent only where it says more than its bytes; else the browser
+        # formats a number in the curve's unit (a third of the characters)
+        if hover is not None:
+            extra = {"text": list(hover), "hovertemplate": "%{text}<extra></extra>"}
+        else:
+            unit, scale, digits = ("GiB", 2**30, 2) if max(values, default=0) >= 2**30 else (
+                "MiB", MIB, 1)
+            extra = {"customdata": np.round(np.asarray(values, dtype=np.float64) / scale, digits),
+                     "hovertemplate": f"{name}, level %{{x}}: %{{customdata:.{digits}f}} {unit}"
+                                      "<extra></extra>"}
+        return _scatter(
             x=np.arange(len(values)), y=mib(values), mode="lines", name=name,
             line={"color": color, "dash": dash, "width": width, "shape": "hv"},
-            text=text, hovertemplate="%{text}<extra></extra>", xaxis="x2", yaxis="y2",
+            xaxis="x2", yaxis="y2", **extra,
         )
 
     traces = [
@@ -599,14 +621,14 @@ def memory_traces(curves: Curves) -> list[go.Scatter]:
     if curves.budget:
         b = curves.budget / MIB
         off = " (above the chart)" if b > memory_range(curves)[1] else ""
-        traces.append(go.Scatter(
+        traces.append(_scatter(
             x=[0, max(n - 1, 1)], y=[b, b], mode="lines",
             name=f"budget {format_size(curves.budget)}{off}",
             line={"color": "#b91c1c", "dash": "dash", "width": 1.5}, hoverinfo="skip",
             xaxis="x2", yaxis="y2",
         ))
     else:
-        traces.append(go.Scatter(x=[], y=[], name="budget", xaxis="x2", yaxis="y2",
+        traces.append(_scatter(x=[], y=[], name="budget", xaxis="x2", yaxis="y2",
                                  showlegend=False))
     px, py, ptext, pos = [], [], [], []
     for label, peak, where in (("peak before", curves.peak_before, "top left"),
@@ -616,7 +638,7 @@ def memory_traces(curves: Curves) -> list[go.Scatter]:
             py.append(peak[1] / MIB)
             ptext.append(f"{label}: {format_size(peak[1])} at level {peak[0]}")
             pos.append(where)
-    traces.append(go.Scatter(
+    traces.append(_scatter(
         x=px, y=py, mode="markers+text", name="peaks", text=[t.split(":")[0] for t in ptext],
         textposition=pos, customdata=ptext, hovertemplate="%{customdata}<extra></extra>",
         marker={"symbol": "triangle-down", "size": 11, "color": "#111827"}, showlegend=False,
@@ -813,7 +835,7 @@ def window_traces(
     colors = [LANE_COLORS.get(c, "#111827") for c in cats[inside]]
     hover = [f"{ops.names[i]}<br>{ops.types[i]} · level {ops.levels[i]} · {cats[i]}"
              f"<br>{ops.shapes[i]}<br>{format_size(ops.nbytes[i])}" for i in inside.tolist()]
-    op_trace = go.Scatter(
+    op_trace = _scatter(
         x=x[inside], y=y[inside], mode="markers+text" if labelled else "markers",
         name="ops", text=[short_name(ops.names[i], 22) for i in inside.tolist()],
         textposition="top center", textfont={"size": 9, "color": "#374151"},
@@ -884,18 +906,18 @@ def window_traces(
             mdata.append(r.tensor)
     rx, ry = _segments(rseg)
     traces = [
-        go.Scatter(x=ex, y=ey, mode="lines", name="data edges (window)", hoverinfo="skip",
+        _scatter(x=ex, y=ey, mode="lines", name="data edges (window)", hoverinfo="skip",
                    line={"color": "#94a3b8", "width": 1}, opacity=0.7, xaxis="x", yaxis="y",
                    showlegend=False),
-        go.Scatter(x=rx, y=ry, mode="lines", name="recompute edges", hoverinfo="skip",
+        _scatter(x=rx, y=ry, mode="lines", name="recompute edges", hoverinfo="skip",
                    line={"color": RECOMPUTE_COLOR, "width": 1.2, "dash": "dash"},
                    xaxis="x", yaxis="y", showlegend=False),
-        go.Scatter(x=mid_x, y=mid_y, mode="markers", name="tensors", hovertext=mid_text,
+        _scatter(x=mid_x, y=mid_y, mode="markers", name="tensors", hovertext=mid_text,
                    hovertemplate="%{hovertext}<extra>tensor</extra>",
                    marker={"size": 7, "color": "rgba(100,116,139,0.25)"}, xaxis="x",
                    yaxis="y", showlegend=False),
         op_trace,
-        go.Scatter(x=mx, y=my, mode="markers+text" if labelled else "markers",
+        _scatter(x=mx, y=my, mode="markers+text" if labelled else "markers",
                    name="swap and recompute ops", text=mlabel, textposition="middle right",
                    textfont={"size": 9, "color": "#7c2d12"}, hovertext=mtext,
                    hovertemplate="%{hovertext}<extra></extra>", customdata=mdata,
@@ -910,7 +932,7 @@ def window_traces(
 
 
 def _window_empty() -> list[go.Scatter]:
-    return [go.Scatter(x=[], y=[], name=n, xaxis="x", yaxis="y", showlegend=False)
+    return [_scatter(x=[], y=[], name=n, xaxis="x", yaxis="y", showlegend=False)
             for n in ("data edges (window)", "recompute edges", "tensors", "ops",
                       "swap and recompute ops")]
 
@@ -941,12 +963,13 @@ def studio_figure(
         window is shown.
     """
     hl = hl or Highlight()
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                        row_heights=[0.45, 0.55])
+    grid = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.04,
+                         row_heights=[0.45, 0.55])
     lanes, note = ordering_traces(ops, positions, max_points)
     detail, wnote = window_traces(ops, positions, edges, window, swaps, recomputes)
-    for tr in [*lanes, *dynamic_traces(swaps, positions, curves), *detail]:
-        fig.add_trace(tr)
+    # one figure of the built traces (adding them one by one would check them again)
+    fig = go.Figure(data=[*lanes, *dynamic_traces(swaps, positions, curves), *detail],
+                    layout=grid.layout, _validate=VALIDATE)
     fig.update_layout(
         margin={"l": 70, "r": 20, "t": 10, "b": 40},
         height=640,
@@ -959,14 +982,17 @@ def studio_figure(
         shapes=selection_shapes(hl, positions, memory_range(curves)[1]),
         hoverdistance=30,
     )
-    fig.update_yaxes(row=1, col=1, tickvals=list(range(len(LANES))), ticktext=LANE_LABELS,
-                     range=[-0.6, len(LANES) - 0.4], showgrid=False, zeroline=False,
-                     fixedrange=True)
-    fig.update_yaxes(row=2, col=1, title_text="device memory", gridcolor="#e5e7eb",
-                     **memory_axis(curves))
-    fig.update_xaxes(row=2, col=1, title_text="level (categorized topological order)",
-                     gridcolor="#f1f5f9")
-    fig.update_xaxes(row=1, col=1, gridcolor="#f1f5f9")
+    # row 1 is the ordering (xaxis, yaxis), row 2 the memory (xaxis2, yaxis2)
+    fig.update_layout(
+        yaxis={"tickvals": list(range(len(LANES))), "ticktext": LANE_LABELS,
+               "range": [-0.6, len(LANES) - 0.4], "showgrid": False, "zeroline": False,
+               "fixedrange": True},
+        yaxis2={"title": {"text": "device memory"}, "gridcolor": "#e5e7eb",
+                **memory_axis(curves)},
+        xaxis2={"title": {"text": "level (categorized topological order)"},
+                "gridcolor": "#f1f5f9"},
+        xaxis={"gridcolor": "#f1f5f9"},
+    )
     if window is not None:
         fig.update_xaxes(range=[window[0] - 0.5, window[1] + 0.5], autorange=False)
     return fig, " ".join(t for t in (note, wnote) if t)
@@ -1028,7 +1054,7 @@ def compare_figure(series: Sequence[tuple[str, Sequence[int]]], budget: int | No
         vals = np.asarray(curve, dtype=np.float64)
         top = max(top, int(vals.max()) if len(vals) else 0)
         n = max(n, len(vals))
-        fig.add_trace(go.Scatter(
+        fig.add_trace(_scatter(
             x=np.arange(len(vals)), y=vals / MIB, mode="lines", name=name,
             line={"color": palette[k % len(palette)], "width": 1.2 if k == 0 else 2,
                   "shape": "hv"},
@@ -1036,7 +1062,7 @@ def compare_figure(series: Sequence[tuple[str, Sequence[int]]], budget: int | No
             hovertemplate="%{text}<extra></extra>",
         ))
     if budget:
-        fig.add_trace(go.Scatter(x=[0, max(n - 1, 1)], y=[budget / MIB] * 2, mode="lines",
+        fig.add_trace(_scatter(x=[0, max(n - 1, 1)], y=[budget / MIB] * 2, mode="lines",
                                  name=f"budget {format_size(budget)}", hoverinfo="skip",
                                  line={"color": "#b91c1c", "dash": "dash", "width": 1.5}))
         top = max(top, budget)
@@ -1136,26 +1162,26 @@ def batch_figure(p: BatchPlot) -> go.Figure:
     host_row = p.plan_host_bytes is not None and p.host_bytes > 0
     tops = [p.device_bytes, *p.peak_bytes, *(p.plan_peak_bytes or ())]
     top = max(tops) if tops else 1
-    fig.add_trace(go.Scatter(
+    fig.add_trace(_scatter(
         x=b, y=np.asarray(p.peak_bytes, dtype=np.float64) / MIB, mode="lines+markers",
         name="peak, no plan", line={"color": "#64748b", "width": 2},
         text=[f"batch {k}: peak {format_size(v)}" for k, v in zip(b, p.peak_bytes, strict=True)],
         hovertemplate="%{text}<extra></extra>"))
     if p.plan_peak_bytes is not None:
-        fig.add_trace(go.Scatter(
+        fig.add_trace(_scatter(
             x=b, y=np.asarray(p.plan_peak_bytes, dtype=np.float64) / MIB, mode="lines+markers",
             name="peak, current plan", line={"color": "#2563eb", "width": 2},
             text=[f"batch {k}: peak with the plan {format_size(v)}"
                   for k, v in zip(b, p.plan_peak_bytes, strict=True)],
             hovertemplate="%{text}<extra></extra>"))
-    fig.add_trace(go.Scatter(
+    fig.add_trace(_scatter(
         x=b, y=np.asarray(p.step_seconds, dtype=np.float64) * 1e3, mode="lines",
         name="step time, no plan", yaxis="y2", line={"color": "#9333ea", "dash": "dot"},
         text=[f"batch {k}: {s * 1e3:.3g} ms predicted" for k, s in
               zip(b, p.step_seconds, strict=True)],
         hovertemplate="%{text}<extra></extra>"))
     lo_b, hi_b = min(b, default=1), max(b, default=1)
-    fig.add_trace(go.Scatter(
+    fig.add_trace(_scatter(
         x=[lo_b, hi_b], y=[p.device_bytes / MIB] * 2, mode="lines",
         name=f"budget {format_size(p.device_bytes)}", hoverinfo="skip",
         line={"color": "#b91c1c", "dash": "dash", "width": 1.5}))
@@ -1172,7 +1198,7 @@ def batch_figure(p: BatchPlot) -> go.Figure:
     for k, (x, label, color) in enumerate(marks):
         if x:  # a trace, not a shape: shapes on a log axis take log coordinates
             h = ymax * (0.97 - 0.07 * k)
-            fig.add_trace(go.Scatter(
+            fig.add_trace(_scatter(
                 x=[x, x], y=[0, h], mode="lines+text", text=["", label], name=label,
                 textposition="middle right", textfont={"size": 10, "color": color},
                 line={"color": color, "width": 1.2, "dash": "dot"}, hoverinfo="skip",
@@ -1193,13 +1219,13 @@ def batch_figure(p: BatchPlot) -> go.Figure:
         assert p.plan_host_bytes is not None  # for the type checker: host_row says so
         # the host limit (128 GiB by default) would flatten the device curves: its own row
         hv = np.asarray(p.plan_host_bytes, dtype=np.float64) / MIB
-        fig.add_trace(go.Scatter(
+        fig.add_trace(_scatter(
             x=b, y=hv, mode="lines+markers", name="host, current plan", yaxis="y3",
             line={"color": "#d97706", "width": 2},
             text=[f"batch {k}: the plan holds {format_size(v)} on the host"
                   for k, v in zip(b, p.plan_host_bytes, strict=True)],
             hovertemplate="%{text}<extra></extra>"))
-        fig.add_trace(go.Scatter(
+        fig.add_trace(_scatter(
             x=[lo_b, hi_b], y=[p.host_bytes / MIB] * 2, mode="lines", yaxis="y3",
             name=f"host limit {format_size(p.host_bytes)}", hoverinfo="skip",
             line={"color": "#92400e", "dash": "dash", "width": 1.5}))

@@ -129,7 +129,10 @@ def _render(app: AppContext, session: dict[str, Any], *, full: bool, data: bool)
             figure = dash.Patch()
             if data:
                 for k, tr in enumerate(figures.dynamic_traces(swaps, base.positions, curves)):
-                    figure["data"][figures.T_SWAP_EDGES + k] = tr.to_plotly_json()
+                    # the curve before the plan is drawn already: a patch is made only for
+                    # the graph, batch and workspace drawn (needs_full_figure)
+                    if figures.T_SWAP_EDGES + k != figures.T_BEFORE:
+                        figure["data"][figures.T_SWAP_EDGES + k] = tr.to_plotly_json()
                 for k, v in figures.memory_axis(curves).items():
                     figure["layout"]["yaxis2"][k] = v
             figure["layout"]["shapes"] = figures.selection_shapes(
@@ -523,6 +526,6 @@ def _hover(app: AppContext, base: Base, after: After | None) -> list[str]:
         pairs = [[(r.what, r.bytes) for r in row] for row in tops]
         return figures.level_hover(values, pairs, sim.persistent_bytes + sim.input_bytes, label)
 
-    digest = "" if after is None else plan_digest(after.plan.to_json())
+    digest = "" if after is None else after.digest or plan_digest(after.plan.to_json())
     return app.results.get_or_compute(
         ("hover", base.loaded.key, base.batch, base.workspace, digest), compute)

@@ -15,7 +15,7 @@ import numpy as np
 
 import lmscore
 from lmscore.evaluate import PlanEvaluation, evaluate_plan
-from lmscore.memory import Simulation
+from lmscore.memory import Buffer, Simulation, live_tensor
 from lmscore.plan import Plan, check_plan, empty_plan, plan_from_json, recompute_refused
 from lmscore.rewrite import Rewrite, rewrite
 from lmscore.shapes import Sizes, resolve
@@ -41,6 +41,9 @@ class Base:
         default_factory=dict, repr=False, compare=False)
     _recompute: dict[tuple[str, int], str] = field(default_factory=dict, repr=False,
                                                    compare=False)
+    _by_tensor: dict[str, Buffer] = field(default_factory=dict, repr=False, compare=False)
+    _rows: dict[str, lmscore.LiveTensor] = field(default_factory=dict, repr=False,
+                                                 compare=False)
 
     def live(self, level: int) -> tuple[lmscore.LiveTensor, ...]:
         """:func:`lmscore.hotspots` at ``level`` (remembered for up to 256 levels)."""
@@ -50,6 +53,23 @@ class Base:
             if len(self._live) < 256:
                 self._live[level] = rows
         return rows
+
+    def row(self, tensor: str) -> lmscore.LiveTensor | None:
+        """The hotspot row of the device buffer that holds ``tensor`` (remembered).
+
+        One buffer's row (:func:`lmscore.memory.live_tensor`), not a whole level's: a
+        plan's table names swapped tensors from dozens of levels.
+        """
+        if not self._by_tensor:
+            self._by_tensor.update({t: b for b in self.sim.buffers if not b.host
+                                    for t in (b.tensor, *b.views)})
+        b = self._by_tensor.get(tensor)
+        if b is None:
+            return None
+        row = self._rows.get(b.tensor)
+        if row is None:
+            row = self._rows[b.tensor] = live_tensor(self.loaded.graph, b, sizes=self.sizes)
+        return row
 
     def recompute_refused(self, tensor: str, ahead: int = 1) -> str:
         """Why a hand edit would not recompute ``tensor`` ("" if it would).
@@ -73,6 +93,7 @@ class After:
     plan: Plan
     evaluation: PlanEvaluation
     peak_level: int  # of the device curve on the original levels
+    digest: str = ""  # the plan's key in the caches (:func:`plan_digest` of its JSON)
 
     @property
     def rewrite(self) -> Rewrite:
@@ -186,17 +207,16 @@ def after_of(app: AppContext, base: Base, plan: Plan, digest: str | None = None
     def compute() -> After:
         ev = evaluate_plan(base.loaded.graph, plan, base.batch, workspace=base.workspace,
                            before=base.sim, sizes=base.sizes, rewritten=rw)
-        return After(plan, ev, int(np.argmax(ev.device_curve)) if ev.device_curve else 0)
+        return After(plan, ev, int(np.argmax(ev.device_curve)) if ev.device_curve else 0,
+                     digest)
 
     return app.compute(key, compute, "simulating the plan", len(base.loaded.graph.ops))
 
 
 def live_row(base: Base, tensor: str) -> lmscore.LiveTensor | None:
-    """The hotspot row of ``tensor`` at its producer's level (its verdict on swapping)."""
-    span = base.buffers.get(tensor)
-    if span is None:
-        return None
-    for row in base.live(span[0]):
-        if tensor in (row.tensor, row.swap_tensor):
-            return row
-    return None
+    """The hotspot row of ``tensor``'s buffer (its verdict on swapping).
+
+    None unless ``tensor`` is the buffer's own tensor or the view a toggle would swap.
+    """
+    row = base.row(tensor)
+    return row if row is not None and tensor in (row.tensor, row.swap_tensor) else None
