@@ -14,12 +14,14 @@ port of 127.0.0.1. Measured, as medians over the repeats:
   requests it causes (the control callback, which makes the plan, and the render
   callback, which rewrites, simulates and builds the figure patch) spend waiting for
   their responses (Resource Timing ``responseStart - requestStart``, localhost);
-  *visible* is from the click to the updated summary in the page;
+  *visible* is from the click, as the page receives it (the event's timestamp), to the
+  redrawn figure; the time from the driver's click command is printed beside it (the
+  command itself takes 20-40 ms to reach the page);
 - level click: a click on the memory curve selects a level; time from Plotly's click
   event to the hotspot table's caption naming that level (the large graph's "usable"
   check);
-- swap toggle and batch change: from the click (or Enter) to the updated summary, and the
-  requests' server time as for the knob change.
+- swap toggle and batch change: from the click (or Enter), as the page receives it, to the
+  updated summary, and the requests' server time as for the knob change.
 
 Where the server's time goes: the app runs with ``LMS_TIMING`` set, so it logs each
 callback's stages (``lmsviz.state.timed``); each action's lines are read back from its log
@@ -182,7 +184,21 @@ def text(driver: Any, id_: str) -> str:
 #: Thresholds that give ResNet-50 plans of different sizes, applied in turn.
 THRESHOLDS = (2, 20, 1, 50, 3, 100, 10, 200)
 
-HOOK = """
+#: Records when the page receives the user's click or Enter (``window.__event``): what a
+#: user waits for starts there. The driver's command reaches the page 20-40 ms after the
+#: script sets ``__t0``; both are printed.
+EVENT_HOOK = """
+if (!window.__lmsEvents) {
+    window.__lmsEvents = true;
+    var mark = function (e) { if (!window.__event) { window.__event = e.timeStamp; } };
+    document.addEventListener('click', mark, true);
+    document.addEventListener('keydown', function (e) {
+        if (e.key === 'Enter') { mark(e); } }, true);
+}
+window.__event = 0;
+"""
+
+HOOK = EVENT_HOOK + """
 var gd = document.querySelector('#studio .js-plotly-plot');
 if (!gd.__lmsHooked) {
     gd.__lmsHooked = true;
@@ -194,8 +210,8 @@ window.__t0 = performance.now();
 """
 
 
-def knob_change(driver: Any, threshold: int) -> tuple[float, float]:
-    """(server ms, visible ms) of applying a new threshold."""
+def knob_change(driver: Any, threshold: int) -> tuple[float, float, float]:
+    """(server ms, visible ms, ms from the driver's command) of applying a new threshold."""
     field = driver.find_element(By.ID, "knob-threshold")
     field.send_keys(Keys.CONTROL, "a")
     field.send_keys(Keys.BACKSPACE, str(threshold), Keys.TAB)
@@ -205,10 +221,10 @@ def knob_change(driver: Any, threshold: int) -> tuple[float, float]:
     entries = poll(driver, """
         var e = performance.getEntriesByType('resource').filter(
             r => r.name.indexOf('_dash-update-component') >= 0 && r.responseEnd > 0);
-        return e.length >= 2 && window.__plotted > 0
-            ? [window.__plotted - window.__t0].concat(
+        return e.length >= 2 && window.__plotted > 0 && window.__event > 0
+            ? [window.__plotted - window.__event, window.__plotted - window.__t0].concat(
                   e.map(r => r.responseStart - r.requestStart)) : null;""")
-    return float(sum(entries[1:])), float(entries[0])
+    return float(sum(entries[2:])), float(entries[0]), float(entries[1])
 
 
 def click_curve(driver: Any, level: int) -> None:
@@ -240,7 +256,7 @@ def level_click(driver: Any, level: int) -> float:
                               " ? window.__shown - window.__clicked : null", timeout=60))
 
 
-SUMMARY_HOOK = """
+SUMMARY_HOOK = EVENT_HOOK + """
 if (!window.__lmsSummary) {
     window.__lmsSummary = true;
     new MutationObserver(function () { window.__changed = performance.now(); }).observe(
@@ -259,8 +275,9 @@ return performance.getEntriesByType('resource').filter(
 """
 
 
-def toggle(driver: Any) -> tuple[float, float]:
-    """(server ms, visible ms) from a click on a hotspot's swap cell to the summary's update."""
+def toggle(driver: Any) -> tuple[float, float, float]:
+    """(server ms, visible ms, ms from the driver's command) from a click on a hotspot's swap
+    cell to the summary's update."""
     # a tick or an untick: both change the plan (the knobs' plan may have ticked them all)
     cell = next(c for c in driver.find_elements(
         By.CSS_SELECTOR, '#hotspots td[data-dash-column="swap"]') if c.text.strip() != "\u2014")
@@ -269,12 +286,19 @@ def toggle(driver: Any) -> tuple[float, float]:
     cell.click()
     poll(driver, "return document.getElementById('sum-swapped').textContent !== arguments[0]"
                  " && window.__changed > 0 ? 1 : null", before, timeout=120)
-    visible = float(driver.execute_script("return window.__changed - window.__t0"))
-    return float(sum(driver.execute_script(SERVER_WAIT))), visible
+    return (float(sum(driver.execute_script(SERVER_WAIT))), *_visible(driver))
 
 
-def batch_change(driver: Any, batch: int) -> tuple[float, float]:
-    """(server ms, visible ms) from Enter in the batch field to the summary naming it."""
+def _visible(driver: Any) -> tuple[float, float]:
+    """Milliseconds to the summary's change from the user's event and from the command."""
+    since = driver.execute_script("return [window.__changed - window.__event,"
+                                  " window.__changed - window.__t0]")
+    return float(since[0]), float(since[1])
+
+
+def batch_change(driver: Any, batch: int) -> tuple[float, float, float]:
+    """(server ms, visible ms, ms from the driver's command) from Enter in the batch field
+    to the summary naming it."""
     field = driver.find_element(By.ID, "batch")
     field.send_keys(Keys.CONTROL, "a")
     field.send_keys(Keys.BACKSPACE, str(batch))
@@ -282,8 +306,7 @@ def batch_change(driver: Any, batch: int) -> tuple[float, float]:
     field.send_keys(Keys.ENTER)
     poll(driver, "return document.getElementById('sum-graph').textContent.indexOf("
                  "'batch ' + arguments[0]) >= 0 ? 1 : null", batch, timeout=300)
-    visible = float(driver.execute_script("return window.__changed - window.__t0"))
-    return float(sum(driver.execute_script(SERVER_WAIT))), visible
+    return (float(sum(driver.execute_script(SERVER_WAIT))), *_visible(driver))
 
 
 def floor(repeats: int) -> list[float]:
@@ -331,11 +354,12 @@ def bench(name: str, graph: str, batch: int | None, repeats: int) -> dict[str, A
             "return [0,1,2,3,4].reduce((s, k) => s + gd._fullData[k].x.length, 0);")
         log = ServerLog(data / "server.log")
         log.take()
-        servers, visibles, knob_stages = [], [], []
+        servers, visibles, commands, knob_stages = [], [], [], []
         for k in range(repeats):
-            s, v = knob_change(driver, THRESHOLDS[k % len(THRESHOLDS)])
+            s, v, c = knob_change(driver, THRESHOLDS[k % len(THRESHOLDS)])
             servers.append(s)
             visibles.append(v)
+            commands.append(c)
             time.sleep(0.2)  # the log line of the last request
             knob_stages.append(log.take())
         n_levels = len(driver.execute_script(
@@ -345,15 +369,15 @@ def bench(name: str, graph: str, batch: int | None, repeats: int) -> dict[str, A
                   for k in range(max(2, repeats // 2))]
         log.take()
 
-        def logged(measure: Any, *args: Any) -> tuple[float, float, dict[str, float]]:
-            server, visible = measure(*args)
+        def logged(measure: Any, *args: Any) -> tuple[float, float, dict[str, float], float]:
+            server, visible, command = measure(*args)
             time.sleep(0.2)
-            return server, visible, log.take()
+            return server, visible, log.take(), command
 
         toggled = [logged(toggle, driver) for _ in range(repeats)]
         batched = [logged(batch_change, driver, b) for b in (4, 8, 6, 12, 2, 16, 3)[:repeats]]
-        toggles = [v for _, v, _ in toggled]
-        batches = [v for _, v, _ in batched]
+        toggles = [v for _, v, _, _ in toggled]
+        batches = [v for _, v, _, _ in batched]
         ops = text(driver, "sum-graph")
     finally:
         driver.quit()
@@ -365,17 +389,20 @@ def bench(name: str, graph: str, batch: int | None, repeats: int) -> dict[str, A
           + ", ".join(f"{p:.0f}" for p in paints) + ")")
     print(f"  knob change, server     {median(servers)}   (n={len(servers)}: "
           + ", ".join(f"{p:.0f}" for p in servers) + ")")
-    print(f"  knob change, visible    {median(visibles)}")
+    print(f"  knob change, visible    {median(visibles)}   (from the driver's command: "
+          f"{median(commands).strip()})")
     print(f"    server stages: {stages_line(knob_stages)}")
     print(f"  level click -> table    {median(clicks)}")
     print(f"  swap toggle -> summary  {median(toggles)}   (n={len(toggles)}: "
           + ", ".join(f"{p:.0f}" for p in toggles) + ")")
-    print(f"    server {median([s for s, _, _ in toggled])}; stages: "
-          + stages_line([t for _, _, t in toggled]))
+    print(f"    server {median([s for s, _, _, _ in toggled])}; from the driver's command "
+          f"{median([c for _, _, _, c in toggled]).strip()}; stages: "
+          + stages_line([t for _, _, t, _ in toggled]))
     print(f"  batch change -> summary {median(batches)}   (n={len(batches)}: "
           + ", ".join(f"{p:.0f}" for p in batches) + ")")
-    print(f"    server {median([s for s, _, _ in batched])}; stages: "
-          + stages_line([t for _, _, t in batched]))
+    print(f"    server {median([s for s, _, _, _ in batched])}; from the driver's command "
+          f"{median([c for _, _, _, c in batched]).strip()}; stages: "
+          + stages_line([t for _, _, t, _ in batched]))
     return {"paint": paints, "server": servers, "visible": visibles, "clicks": clicks,
             "toggles": toggles, "batches": batches}
 
