@@ -8,10 +8,12 @@ Per-session state lives in the browser (``dcc.Store``, one per concern, see
   SHA-256 of the file) and of results derived from them (orderings, simulations, keyed by
   graph hash, batch size and plan hash). Entries are immutable; two sessions showing the
   same graph share its entry, and nothing else.
-- the user data directory: plans saved per graph fingerprint (``plans/<fp>.json``, written
-  atomically on every edit so work survives a server restart) and the uploaded graphs
-  (``uploads/<sha256><suffix>``, the last :data:`KEEP_UPLOADS`), so that a page reloaded
-  after a restart finds its graph again.
+- the user data directory: each tab's plans, saved per graph fingerprint
+  (``plans/<tab>/<fp>.json``, written atomically on every edit so work survives a server
+  restart), the texts of the plans its undo history names (``plans/<tab>/history/``; the
+  tab holds only their digests), and the uploaded graphs (``uploads/<sha256><suffix>``, the
+  last :data:`KEEP_UPLOADS`), so that a page reloaded after a restart finds its graph
+  again. A tab's folder is deleted at a start :data:`KEEP_TAB_DAYS` after its last edit.
 
 Uploaded files are only ever parsed as protobufs (or, for a zip, as a SavedModel by
 :func:`lmscore.load`); nothing uploaded is executed or unpickled.
@@ -51,6 +53,9 @@ GRAPH_SUFFIXES = (".pb", ".pbtxt", ".txt", ".prototxt", ".graphdef", ".zip")
 _TEXT_SUFFIXES = (".pbtxt", ".txt", ".prototxt")
 #: Uploaded graphs kept in the data directory for reloads after a restart.
 KEEP_UPLOADS = 8
+#: A tab's saved plans are deleted when the server starts this long after the tab's last
+#: edit (a closed tab's id is gone with its session storage: nothing can reach them).
+KEEP_TAB_DAYS = 30
 #: A zipped SavedModel may not unpack to more than this many times the upload cap.
 ZIP_EXPANSION = 4
 DEFAULT_SAMPLE = "resnet50"
@@ -573,7 +578,43 @@ def new_context(
             loaded = load_file(ctx, path)
     ctx.initial = loaded
     ctx.initial_batch = batch_size or loaded.default_batch or 1
+    prune_tabs(ctx.plans_dir)
     return ctx
+
+
+def prune_tabs(plans_dir: pathlib.Path, max_age_days: float = KEEP_TAB_DAYS,
+               now: float | None = None) -> list[str]:
+    """Delete the plan folders of tabs not edited for ``max_age_days``; errors are ignored.
+
+    Only folders named like a tab id (:func:`valid_tab`) are touched. A folder's age is
+    that of its newest file.
+
+    Returns
+    -------
+    list of str
+        The tab ids whose folders were deleted.
+    """
+    cutoff = (time.time() if now is None else now) - max_age_days * 86400
+    gone = []
+    with contextlib.suppress(OSError):
+        for folder in plans_dir.iterdir():
+            if not (folder.is_dir() and not folder.is_symlink() and valid_tab(folder.name)):
+                continue
+            try:
+                files = [p for p in folder.rglob("*") if p.is_file()]
+                newest = max((p.stat().st_mtime for p in files),
+                             default=folder.stat().st_mtime)
+                if newest >= cutoff:
+                    continue
+                for p in files:
+                    p.unlink(missing_ok=True)
+                for d in sorted((d for d in folder.rglob("*") if d.is_dir()), reverse=True):
+                    d.rmdir()
+                folder.rmdir()
+                gone.append(folder.name)
+            except OSError:
+                continue  # another server's files, or changed meanwhile: left alone
+    return gone
 
 
 # --- loading ----------------------------------------------------------------------------

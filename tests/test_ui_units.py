@@ -956,3 +956,22 @@ def test_a_batch_change_reuses_the_plans_rewrite_and_simulates_as_a_fresh_evalua
     assert again.device == full.device_curve and again.host == full.host_curve
     assert again.sim.peak_bytes == full.after.peak_bytes
     assert again.evaluation.dominant() == full.dominant()
+
+
+def test_old_tabs_plans_are_pruned_when_the_server_starts(tmp_path):
+    import os
+    import time
+
+    plans = tmp_path / "plans"
+    old, recent = state.new_tab_id(), state.new_tab_id()
+    for tab, age_days in ((old, 40), (recent, 2)):
+        (plans / tab / "history").mkdir(parents=True)
+        for p in (plans / tab / "f1ccc76a51fbaa0e.json", plans / tab / "history" / "a.json"):
+            p.write_text("{}")
+            t = time.time() - age_days * 86400
+            os.utime(p, (t, t))
+    (plans / "not-a-tab").mkdir()
+    os.utime(plans / "not-a-tab", (0, 0))
+    state.new_context("mlp", None, data_dir=tmp_path, upload_cap_bytes=2**20)
+    assert sorted(p.name for p in plans.iterdir()) == sorted([recent, "not-a-tab"])
+    assert (plans / recent / "history" / "a.json").exists()
