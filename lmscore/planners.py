@@ -280,6 +280,8 @@ class Solution:
         Size of the MILP.
     status : str
         The solver's message.
+    host_rows : int
+        Rows of the host limit among ``rows`` (0: the host limit did not constrain it).
     """
 
     chosen: tuple[Option, ...]
@@ -288,6 +290,7 @@ class Solution:
     rows: int
     columns: int
     status: str
+    host_rows: int = 0
 
 
 def solve(
@@ -344,6 +347,7 @@ def solve(
                       shape=(m, len(opts))).tocsr()
         constraints.append(LinearConstraint(a, (seg_max[over] - budget).astype(float), np.inf))
     swaps = [j for j, o in enumerate(opts) if o.kind == "swap"]
+    host_rows = 0
     if host_limit is not None and swaps:
         # what all swaps could hold on the host per segment; rows only where that is over
         held = np.zeros(len(cuts), dtype=np.int64)
@@ -365,6 +369,7 @@ def solve(
                           shape=(len(hot), len(opts))).tocsr()
             constraints.append(LinearConstraint(a, -np.inf, float(host_limit)))
             m += len(hot)
+            host_rows = len(hot)
     # at most one option per buffer; a recomputation's inputs stay on the device
     by_buffer: dict[str, list[int]] = {}
     for j, o in enumerate(opts):
@@ -388,10 +393,11 @@ def solve(
                    bounds=Bounds(0, 1),
                    options={"time_limit": time_limit, "mip_rel_gap": 1e-3})
     if res.x is None:
-        return Solution((), False, 0.0, m + len(pairs), len(opts), str(res.message))
+        return Solution((), False, 0.0, m + len(pairs), len(opts), str(res.message),
+                        host_rows)
     chosen = tuple(o for o, x in zip(opts, res.x, strict=True) if x > 0.5)
     return Solution(chosen, True, float(sum(o.seconds for o in chosen)), m + len(pairs),
-                    len(opts), str(res.message))
+                    len(opts), str(res.message), host_rows)
 
 
 def decisions(chosen: Sequence[Option]) -> tuple[tuple[Swap, ...], tuple[Recompute, ...]]:

@@ -761,8 +761,9 @@ def _solve_and_check(strategy, graph, batch, ctx, schedule, budget, memory, safe
         sol = solve(opts, live, target, host_limit=ctx.host_limit)
         ctx.evaluations += 1
         host_bound = False
-        if not sol.feasible and best is None and ctx.host_limit is not None:
-            # would the device alone take a plan? Then the host is what stops it
+        if not sol.feasible and best is None and sol.host_rows:
+            # would the device alone take a plan? Then the host is what stops it (without
+            # host rows the MILP was the device's alone already)
             sol, host_bound = solve(opts, live, target), True
         if not sol.feasible:
             break
