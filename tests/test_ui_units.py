@@ -828,14 +828,19 @@ def test_the_table_at_the_peak_with_a_plan_lists_what_is_on_the_device(fresh):
     assert all(listed.get(t, "swap-in") == "swap-in" for t in gone)
 
 
-def test_undo_and_redo_walk_the_tabs_plans(fresh):
-    s = session(fresh)
-    first = edits.control(fresh, "hotspots", {"hotspots": {"row_id": RELU,
-                                                           "column_id": "recompute"}}, s)
+def _two_edits(c: state.AppContext) -> tuple[dict, edits.Update, edits.Update, dict]:
+    """A new tab's session, its two edits (a recompute, then knobs), and the session after."""
+    s = session(c)
+    first = edits.control(c, "hotspots", {"hotspots": {"row_id": RELU,
+                                                       "column_id": "recompute"}}, s)
     s1 = {**s, "plan": first.plan, "history": first.history}
-    knobs = edits.control(fresh, "knobs-apply", {"knob-threshold": 2, "knob-ahead": 1,
-                                                 "knob-groupby": 5, "knob-sync": 0}, s1)
-    s2 = {**s1, "plan": knobs.plan, "history": knobs.history}
+    knobs = edits.control(c, "knobs-apply", {"knob-threshold": 2, "knob-ahead": 1,
+                                             "knob-groupby": 5, "knob-sync": 0}, s1)
+    return s, first, knobs, {**s1, "plan": knobs.plan, "history": knobs.history}
+
+
+def test_undo_and_redo_walk_the_tabs_plans(fresh):
+    s, first, knobs, s2 = _two_edits(fresh)
     # the tab's history names the plans; their texts stay on the server
     assert [h.get("json") for h in s2["history"]["undo"]] == [None, None]
     assert s2["history"]["undo"][1]["digest"] == results.plan_digest(first.plan["json"])
@@ -861,13 +866,7 @@ def test_undo_and_redo_walk_the_tabs_plans(fresh):
 
 
 def test_undo_says_so_when_the_server_lost_the_plan(fresh):
-    s = session(fresh)
-    first = edits.control(fresh, "hotspots", {"hotspots": {"row_id": RELU,
-                                                           "column_id": "recompute"}}, s)
-    s1 = {**s, "plan": first.plan, "history": first.history}
-    knobs = edits.control(fresh, "knobs-apply", {"knob-threshold": 2, "knob-ahead": 1,
-                                                 "knob-groupby": 5, "knob-sync": 0}, s1)
-    s2 = {**s1, "plan": knobs.plan, "history": knobs.history}
+    s, _, _, s2 = _two_edits(fresh)
     for p in (fresh.data_dir / "plans" / s["tab"] / "history").glob("*.json"):
         p.unlink()
     lost = edits.control(fresh, "undo", {}, s2)
@@ -877,14 +876,8 @@ def test_undo_says_so_when_the_server_lost_the_plan(fresh):
 
 def test_a_history_in_a_read_only_data_dir_carries_the_plans(fresh, monkeypatch):
     monkeypatch.setattr(type(fresh), "keep_version", lambda *a: False)
-    s = session(fresh)
-    first = edits.control(fresh, "hotspots", {"hotspots": {"row_id": RELU,
-                                                           "column_id": "recompute"}}, s)
-    s1 = {**s, "plan": first.plan, "history": first.history}
-    knobs = edits.control(fresh, "knobs-apply", {"knob-threshold": 2, "knob-ahead": 1,
-                                                 "knob-groupby": 5, "knob-sync": 0}, s1)
+    _, first, knobs, s2 = _two_edits(fresh)
     assert knobs.history["undo"][1]["json"] == first.plan["json"]
-    s2 = {**s1, "plan": knobs.plan, "history": knobs.history}
     assert edits.control(fresh, "undo", {}, s2).plan == first.plan
 
 
