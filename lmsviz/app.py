@@ -102,6 +102,12 @@ def create_app(
         return layout.build(ctx, session, rendering.render(ctx, session),
                             rendering.picker(session["graph"]))
 
+    # Dash checks callbacks against a validation layout, which it sends inside every
+    # page's HTML: unset, it would be a whole page with its figure (1.8 MB on ResNet-50,
+    # twice the data of a first paint). The components are what it needs, not their data.
+    session = state.new_session(ctx)
+    app.validation_layout = layout.build(ctx, session, rendering.skeleton(),
+                                         rendering.picker(session["graph"]))
     app.layout = page
     callbacks.register(app, ctx)
     app.server.register_error_handler(Exception, _request_error)

@@ -159,6 +159,12 @@ def _render(app: AppContext, session: dict[str, Any], *, full: bool, data: bool)
     )
 
 
+def skeleton() -> Rendered:
+    """A page's views without data: what Dash's validation layout needs (the ids)."""
+    return Rendered(figure={}, note="", summary="", rows=[], row_styles=[], caption="",
+                    editor="", groups=[], rendered={})
+
+
 def needs_full_figure(rendered: dict[str, Any] | None, session: dict[str, Any]) -> bool:
     """Whether the figure must be built whole rather than patched.
 

@@ -606,6 +606,18 @@ def test_create_app_and_run_defaults(tmp_path, monkeypatch):
     assert calls["host"] == "127.0.0.1" and calls["debug"] is False and calls["port"] == 8050
 
 
+def test_the_page_html_carries_no_figure(tmp_path):
+    # Dash puts its validation layout in every page's HTML: the components, not the data
+    dash_app = lms_app.create_app("mlp", 4, upload_cap_bytes=MIB, data_dir=tmp_path)
+    client = dash_app.server.test_client()
+    index = client.get("/").get_data(as_text=True)
+    layout = client.get("/_dash-layout").get_data(as_text=True)
+    op = "dense_1"  # in the ordering view's hover (JSON escapes the slashes of its names)
+    assert op in layout and op not in index
+    assert '"validation_layout"' in index and '"id": "hotspots"' in index.replace('":"', '": "')
+    assert len(index) < 60_000
+
+
 def test_without_background_job_packages_the_tuner_runs_inline(tmp_path, monkeypatch):
     monkeypatch.setattr(lms_app, "_background_manager", lambda jobs_dir: None)
     dash_app = lms_app.create_app("mlp", upload_cap_bytes=MIB, data_dir=tmp_path)
