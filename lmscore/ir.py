@@ -269,7 +269,7 @@ class Graph:
         consumers: dict[tuple[int, int], list[int]] = {}
         # Each tensor is read a few times: its name is parsed once and its key shared.
         keys: dict[str, tuple[int, int]] = {}
-        get = self.index.get
+        self.index  # noqa: B018 - builds the index, which refuses a duplicate name
         no_ints: tuple[int, ...] = ()
         for i, op in enumerate(ops):
             ins: list[tuple[int, int]] = []
@@ -285,15 +285,7 @@ class Graph:
                     c.append(i)
             ins_t = tuple(ins)
             if op.control_inputs:
-                ctl = []
-                for c_name in op.control_inputs:
-                    p = get(c_name)
-                    if p is None:
-                        raise GraphError(
-                            f"{self.source}: node {op.name!r} has a control input from "
-                            f"{c_name!r} but no such node exists"
-                        )
-                    ctl.append(p)
+                ctl = self._control_keys(op)
                 ctl_t = tuple(ctl)
                 ps = tuple(dict.fromkeys([p for p, _ in ins_t] + ctl))
             else:
@@ -329,31 +321,23 @@ class Graph:
             raise GraphError(self._dangling(op.name, t, name, p))
         return p, port
 
-    def _edges(self, op: Op, n_out: list[int]
-               ) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...], tuple[int, ...]]:
-        """Data inputs, control inputs and distinct predecessors of ``op`` (indices)."""
+    def _control_keys(self, op: Op) -> list[int]:
+        """Indices of the ops ``op`` has control inputs from."""
         get = self.index.get
-        ins = []
-        for t in op.inputs:
-            name, sep, port_text = t.rpartition(":")
-            if sep and _is_port(port_text):
-                port = _port_number(port_text)
-            else:
-                name, port = t, 0
-            p = get(name)
-            if p is None or port >= n_out[p]:
-                raise GraphError(self._dangling(op.name, t, name, p))
-            ins.append((p, port))
         ctl = []
         for c_name in op.control_inputs:
             p = get(c_name)
             if p is None:
-                raise GraphError(
-                    f"{self.source}: node {op.name!r} has a control input from {c_name!r} "
-                    "but no such node exists"
-                )
+                raise GraphError(f"{self.source}: node {op.name!r} has a control input from "
+                                 f"{c_name!r} but no such node exists")
             ctl.append(p)
-        ins_t = tuple(ins)
+        return ctl
+
+    def _edges(self, op: Op, n_out: list[int]
+               ) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...], tuple[int, ...]]:
+        """Data inputs, control inputs and distinct predecessors of ``op`` (indices)."""
+        ins_t = tuple(self._tensor_key(op, t, n_out) for t in op.inputs)
+        ctl = self._control_keys(op)
         if len(ins_t) == 1 and not ctl:
             ps: tuple[int, ...] = (ins_t[0][0],)
         else:
