@@ -6,10 +6,19 @@ import contextlib
 import pathlib
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+FIGURE = "var gd = document.querySelector('#studio .js-plotly-plot');"
+#: Page offset, from the studio plot's centre, of level ``x`` on lane ``y`` of the ordering
+#: view.
+LANE_XY = FIGURE + """
+var L = gd._fullLayout, r = gd.getBoundingClientRect();
+return [L.xaxis._offset + L.xaxis.d2p(arguments[0]) - r.width / 2,
+        L.yaxis._offset + L.yaxis.d2p(arguments[1]) - r.height / 2];
+"""
 
 #: Page coordinates, relative to the plot's centre, of point ``k`` of trace ``t`` of the
 #: memory curves (the second axes), for ActionChains clicks.
@@ -64,3 +73,37 @@ def served_page(data_dir: pathlib.Path, sample: str, downloads: pathlib.Path | N
         driver.quit()
         srv.stop()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def wait(driver: Any, what: Callable[[], Any], msg: str = "", timeout: float = 30) -> Any:
+    """Poll ``what()`` until it returns something truthy (a re-drawn element is retried)."""
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+    )
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.2,
+                         ignored_exceptions=(NoSuchElementException,
+                                             StaleElementReferenceException)).until(
+        lambda _d: what(), message=msg)
+
+
+def text(driver: Any, id_: str) -> str:
+    """The visible text of the element ``id_``."""
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.ID, id_).text
+
+
+def drag_lanes(driver: Any, start: tuple[float, float], end: tuple[float, float]) -> None:
+    """Drag a zoom box over the ordering view from (level, lane) ``start`` to ``end``."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    plot = driver.find_element(By.CSS_SELECTOR, "#studio .js-plotly-plot")
+    (ax, ay) = driver.execute_script(LANE_XY, *start)
+    (bx, by) = driver.execute_script(LANE_XY, *end)
+    step = (int((bx - ax) / 2), int((by - ay) / 2))
+    (ActionChains(driver).move_to_element_with_offset(plot, int(ax), int(ay)).click_and_hold()
+     .move_by_offset(*step).move_by_offset(*step).release().perform())

@@ -19,11 +19,11 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from browser_kit import CHROMEDRIVER, CHROMIUM, POINT_XY, chrome_options
+from browser_kit import CHROMEDRIVER, CHROMIUM, POINT_XY, chrome_options, text, wait
 from dash_client import Server
 
 from lmscore import samples
@@ -51,16 +51,11 @@ if _missing():
     pytest.skip(_missing(), allow_module_level=True)
 
 from selenium import webdriver  # noqa: E402
-from selenium.common.exceptions import (  # noqa: E402
-    NoSuchElementException,
-    StaleElementReferenceException,
-)
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.actions.wheel_input import ScrollOrigin  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -99,18 +94,6 @@ def browser(server: str, downloads: pathlib.Path) -> Iterator[Any]:
     shutil.rmtree(profile, ignore_errors=True)
 
 
-def wait(driver: Any, what: Callable[[], Any], timeout: float = 30, msg: str = "") -> Any:
-    """Poll ``what()`` until it returns something truthy."""
-    return WebDriverWait(driver, timeout, poll_frequency=0.2,
-                         ignored_exceptions=(NoSuchElementException,
-                                             StaleElementReferenceException)).until(
-        lambda _d: what(), message=msg)
-
-
-def text(driver: Any, id_: str) -> str:
-    return driver.find_element(By.ID, id_).text
-
-
 def trace_len(driver: Any, k: int) -> int:
     """Points of trace ``k`` of the studio figure as plotted in the page."""
     return driver.execute_script(
@@ -145,8 +128,8 @@ def message_with(driver: Any, *words: str, timeout: float = 30, area: str | None
     """Wait for a message holding ``words`` (in ``area`` if given, else in either area)."""
     def read() -> str:
         return text(driver, area) if area else messages(driver)
-    return wait(driver, lambda: (t := read()) and all(w in t for w in words) and t, timeout,
-                f"message with {words}: got {messages(driver)!r}")
+    return wait(driver, lambda: (t := read()) and all(w in t for w in words) and t,
+                f"message with {words}: got {messages(driver)!r}", timeout)
 
 
 def severe_logs(driver: Any) -> list[str]:

@@ -11,11 +11,20 @@ import os
 import pathlib
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from browser_kit import CHROMEDRIVER, CHROMIUM, served_page
+from browser_kit import (
+    CHROMEDRIVER,
+    CHROMIUM,
+    FIGURE,
+    LANE_XY,
+    drag_lanes,
+    served_page,
+    text,
+    wait,
+)
 
 import lmscore
 from lmscore.compare import batch_sweep
@@ -29,22 +38,10 @@ if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
     pytest.skip("Chromium or chromedriver is missing", allow_module_level=True)
 pytest.importorskip("selenium")
 
-from selenium.common.exceptions import (  # noqa: E402
-    NoSuchElementException,
-    StaleElementReferenceException,
-)
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-FIGURE = "var gd = document.querySelector('#studio .js-plotly-plot');"
-#: Page offset, from the studio plot's centre, of level ``x`` on lane ``y``.
-LANE_XY = FIGURE + """
-var L = gd._fullLayout, r = gd.getBoundingClientRect();
-return [L.xaxis._offset + L.xaxis.d2p(arguments[0]) - r.width / 2,
-        L.yaxis._offset + L.yaxis.d2p(arguments[1]) - r.height / 2];
-"""
 #: Names of the traces of a plot, by the plot's container id.
 TRACE_NAMES = """
 var gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
@@ -65,17 +62,6 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         pytest.fail(str(e))
     finally:
         shutil.rmtree(downloads, ignore_errors=True)
-
-
-def wait(driver: Any, what: Callable[[], Any], msg: str, timeout: float = 30) -> Any:
-    return WebDriverWait(driver, timeout, poll_frequency=0.2,
-                         ignored_exceptions=(NoSuchElementException,
-                                             StaleElementReferenceException)).until(
-        lambda _d: what(), message=msg)
-
-
-def text(driver: Any, id_: str) -> str:
-    return driver.find_element(By.ID, id_).text
 
 
 def type_into(driver: Any, id_: str, value: str) -> None:
@@ -177,12 +163,8 @@ def test_click_an_op_in_a_zoomed_window_and_swap_it(browser: Any) -> None:
     wait(browser, lambda: "plan reset" in text(browser, "message"), "no plan")
     browser.execute_script("window.scrollTo(0, 0)")
     browser.execute_script("document.getElementById('studio').scrollIntoView()")
+    drag_lanes(browser, (3.6, 2.3), (10.4, 1.7))
     plot = browser.find_element(By.CSS_SELECTOR, "#studio .js-plotly-plot")
-    (ax, ay) = browser.execute_script(LANE_XY, 3.6, 2.3)
-    (bx, by) = browser.execute_script(LANE_XY, 10.4, 1.7)
-    (ActionChains(browser).move_to_element_with_offset(plot, int(ax), int(ay)).click_and_hold()
-     .move_by_offset(int((bx - ax) / 2), int((by - ay) / 2))
-     .move_by_offset(int((bx - ax) / 2), int((by - ay) / 2)).release().perform())
     wait(browser, lambda: op in detail(browser, figures.T_DETAIL_OPS), "the window's ops")
     assert detail(browser, figures.T_DETAIL_MARKS) == []
     # click the op where the window draws it

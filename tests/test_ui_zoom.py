@@ -4,11 +4,11 @@ selects an op and zooms to it, a double click goes back to the whole graph."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from browser_kit import CHROMEDRIVER, CHROMIUM, served_page
+from browser_kit import CHROMEDRIVER, CHROMIUM, FIGURE, LANE_XY, drag_lanes, served_page, wait
 
 import lmscore
 from lmscore.samples import sample_dir
@@ -23,16 +23,6 @@ pytest.importorskip("selenium")
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-
-#: Page offset, from the plot's centre, of level ``x`` on lane ``y`` of the ordering view.
-LANE_XY = """
-var gd = document.querySelector('#studio .js-plotly-plot');
-var L = gd._fullLayout, r = gd.getBoundingClientRect();
-return [L.xaxis._offset + L.xaxis.d2p(arguments[0]) - r.width / 2,
-        L.yaxis._offset + L.yaxis.d2p(arguments[1]) - r.height / 2];
-"""
-FIGURE = "var gd = document.querySelector('#studio .js-plotly-plot');"
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +32,6 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             yield driver
     except RuntimeError as e:
         pytest.fail(str(e))
-
-
-def wait(driver: Any, what: Callable[[], Any], msg: str, timeout: float = 30) -> Any:
-    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda _d: what(),
-                                                                    message=msg)
 
 
 def detail_ops(driver: Any) -> list[int]:
@@ -70,12 +55,7 @@ def test_a_drag_over_a_few_levels_draws_their_ops_one_by_one(browser: Any) -> No
     assert detail_ops(browser) == []  # the whole graph: lanes only
     ticks = browser.execute_script(FIGURE + "return gd._fullLayout.yaxis2.ticktext;")
     assert any(t.endswith(("KiB", "MiB", "GiB")) for t in ticks), ticks
-    plot = browser.find_element(By.CSS_SELECTOR, "#studio .js-plotly-plot")
-    (ax, ay) = browser.execute_script(LANE_XY, 8.6, 2.3)
-    (bx, by) = browser.execute_script(LANE_XY, 14.4, 1.7)
-    (ActionChains(browser).move_to_element_with_offset(plot, int(ax), int(ay)).click_and_hold()
-     .move_by_offset(int((bx - ax) / 2), int((by - ay) / 2))
-     .move_by_offset(int((bx - ax) / 2), int((by - ay) / 2)).release().perform())
+    drag_lanes(browser, (8.6, 2.3), (14.4, 1.7))
     g, levels = mlp()
     # levels partly in view count: 8.6-14.4 shows levels 8 to 15
     wanted = sorted(i for i, lv in enumerate(levels) if 8 <= lv <= 15)
