@@ -652,8 +652,8 @@ def _control(app: AppContext, trigger: str | None, values: dict[str, Any],
             entry = history_entry(app, tab, session["plan"] or {})
             history = {"undo": _bounded([*(history.get("undo") or []), entry]), "redo": []}
         up = replace(up, history=history)
-    if up.history is not None:
-        app.prune_versions(tab, _digests(up.history))
+    if up.history is not None:  # the texts of the plans it no longer names go
+        app.forget_versions(tab, _digests(session.get("history") or {}) - _digests(up.history))
     if up.plan is not None and not up.error:
         fp = str((up.graph or session["graph"] or {}).get("fingerprint", ""))
         app.save_plan(tab, fp, up.plan.get("json"))

@@ -487,15 +487,15 @@ class AppContext:
         except (OSError, UnicodeDecodeError):
             return None
 
-    def prune_versions(self, tab: str, keep: set[str]) -> None:
-        """Delete the tab's kept plan texts that its history no longer names."""
+    def forget_versions(self, tab: str, digests: set[str]) -> None:
+        """Delete the tab's kept plan texts of ``digests`` (its history dropped them)."""
         if not valid_tab(tab):
             return
         folder = self.plans_dir / tab / "history"
-        with contextlib.suppress(OSError):
-            for p in folder.glob("*.json"):
-                if p.stem not in keep:
-                    p.unlink(missing_ok=True)
+        for digest in digests:
+            if _HEX.match(digest):
+                with contextlib.suppress(OSError):
+                    (folder / f"{digest}.json").unlink(missing_ok=True)
 
 
 def valid_tab(tab: Any) -> bool:
