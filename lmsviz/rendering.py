@@ -532,6 +532,6 @@ def _hover(app: AppContext, base: Base, after: After | None) -> list[str]:
         pairs = [[(r.what, r.bytes) for r in row] for row in tops]
         return figures.level_hover(values, pairs, sim.persistent_bytes + sim.input_bytes, label)
 
-    digest = "" if after is None else after.digest or plan_digest(after.plan.to_json())
+    digest = "" if after is None else after.digest
     return app.results.get_or_compute(
         ("hover", base.loaded.key, base.batch, base.workspace, digest), compute)

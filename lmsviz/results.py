@@ -93,7 +93,7 @@ class After:
     plan: Plan
     evaluation: PlanEvaluation
     peak_level: int  # of the device curve on the original levels
-    digest: str = ""  # the plan's key in the caches (:func:`plan_digest` of its JSON)
+    digest: str  # the plan's key in the caches (:func:`plan_digest` of its JSON)
 
     @property
     def rewrite(self) -> Rewrite:
