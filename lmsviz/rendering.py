@@ -234,16 +234,12 @@ def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1,
     """
     swapped = set(plan.swapped())
     recomputed = set(plan.recomputed())
-    verdicts = {}
-    for t in base.live(level):
-        for name in {t.tensor, t.swap_tensor} - {""}:
-            verdicts.setdefault(name, t)
     if after is None:
         listed = [(t, t.bytes, KEPT) for t in base.live(level)]
     else:
         listed = []
         for r in after.evaluation.on_device(level):
-            t = verdicts.get(r.of) or (live_row(base, r.of) if r.of else None)
+            t = live_row(base, r.of) if r.of else None
             if t is None:  # a workspace of the rewritten step: no tensor to toggle
                 t = lmscore.LiveTensor(tensor=r.tensor, bytes=r.bytes, producer_level=level,
                                        last_use_level=level, distance=0, category="—",
