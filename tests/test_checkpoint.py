@@ -174,3 +174,23 @@ def test_resnet50_checkpoints_at_block_outputs_and_lowers_the_peak(resnet50):
     assert all(cuts[acts[cp]] for cp in c.checkpoints)
     assert len(c.recomputed) + len(c.kept) + len(c.segments) == n
     assert ev.after.peak_bytes < 0.6 * ev.before.peak_bytes
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("name", ["bn_cnn", "mlp_dropout"])
+def test_checkpointed_step_is_bit_identical_under_default_grappler(name):
+    """The clones compute the bits the originals did (dropout masks: same seed, same mask)."""
+    pytest.importorskip("tensorflow")
+    zoo = pytest.importorskip("zoo")
+    from test_zoo_numerics import _assert_identical, _run
+
+    from lmscore.export import to_graphdef
+    from lmscore.rewrite import rewrite
+
+    graph = zoo.graph(name)
+    batch = zoo.BY_NAME[name].batch
+    c = checkpointing(graph, batch)
+    assert len(c.recomputed) >= 5 and c.clones > len(c.plan.recomputes)
+    rw = rewrite(graph, c.plan)
+    _assert_identical(_run(graph.graphdef, batch),
+                      _run(to_graphdef(rw.graph, mode="emulate"), batch))
