@@ -11,10 +11,14 @@ step (``bench/common.py``), on each device preset and host link, one row:
 - ``bound``: the largest batch any plan can reach (``bound_batch``: the op with the largest
   working set must fit beside the persistent memory); that op is the last column;
 - per strategy: the largest batch that fits with its plan, and its ratio to ``without``;
+- ``sqrt(n)``, the baseline: Chen et al.'s checkpointing (:mod:`lmscore.checkpoint`), the
+  largest batch where its plan fits (evaluated as every plan, by
+  ``lmscore.evaluate.evaluate_plan``; it swaps nothing, so it is searched once per device);
 - ``B``, the largest batch of ``tflms`` (where TFLMS's search stops; ``tflms`` is always
   searched): each strategy's predicted step-time overhead at ``B`` ("no fit" when its plan
-  does not fit there), then the median wall time of one ``tune`` at ``B`` (graph loaded and
-  ordered beforehand; ``--repeats`` calls).
+  does not fit there), the baseline's too (``lmscore.tune.plan_seconds``, the tuner's time
+  model), then the median wall time of one ``tune`` at ``B`` (graph loaded and ordered
+  beforehand; ``--repeats`` calls).
 
 ``without`` and ``bound`` depend on the device only and are found once per device. The
 largest batch of a strategy is searched per link (swap triggers are chosen with the link's
@@ -46,9 +50,22 @@ sys.path.insert(0, str(ROOT))
 from bench_unet_resolution import PAPERS_RATIO, largest  # noqa: E402
 
 import lmscore  # noqa: E402
-from lmscore.tune import DEVICES, LINKS, STRATEGY_NAMES, TuneResult, bound_batch, max_batch, tune  # noqa: E402,E501
+from lmscore.checkpoint import chen_plan  # noqa: E402
+from lmscore.evaluate import evaluate_plan  # noqa: E402
+from lmscore.tune import (  # noqa: E402
+    DEVICES,
+    LINKS,
+    STRATEGY_NAMES,
+    TuneResult,
+    bound_batch,
+    max_batch,
+    plan_seconds,
+    tune,
+)
 
 LIMIT = 1 << 23
+SAFETY = 0.9  # tune's default, which every strategy's search uses
+BASELINE = "sqrt(n)"
 SAMPLES = [s["name"] for s in json.loads((ROOT / "sample_graphs" / "samples.json").read_text())]
 GRAPHS = [*SAMPLES, "densenet121"]
 
@@ -67,16 +84,24 @@ class Row:
     results: dict[str, TuneResult | None]  # None: tune raised (see errors)
     seconds: dict[str, float]
     errors: list[tuple[str, int, str]]  # (strategy, batch, exception) of a tune that raised
+    chen: int = 0  # the largest batch of the sqrt(n) baseline
+    chen_overhead: float | None = None  # its predicted overhead at B; None: no fit there
 
     def ratio(self, s: str) -> str:
         ok = 0 < self.without < LIMIT
-        return f"{self.largest[s] / self.without:.2f}x" if ok else "-"
+        most = self.chen if s == BASELINE else self.largest[s]
+        return f"{most / self.without:.2f}x" if ok else "-"
 
     def most(self, s: str) -> str:
+        if s == BASELINE:
+            return f"{batch(self.chen)} {self.ratio(s)}"
         failed = any(x == s and b > self.largest[s] for x, b, _ in self.errors)
         return f"{batch(self.largest[s])}{'!' if failed else ''} {self.ratio(s)}"
 
     def overhead(self, s: str) -> str:
+        if s == BASELINE:
+            return ("-" if not self.at else "no fit" if self.chen_overhead is None
+                    else f"{self.chen_overhead:.1%}")
         if s not in self.results:
             return "-"
         r = self.results[s]
@@ -120,8 +145,42 @@ def largest_batch(g, s: str, without: int, bound: int, errors: list, tag: str, *
     return i + 1
 
 
+def chen_fits(g, b: int, device: str) -> tuple[bool, object]:
+    """Whether the sqrt(n) plan at batch ``b`` fits ``device`` as ``tune`` judges a fit."""
+    plan = chen_plan(g, b)
+    ev = evaluate_plan(g, plan, b)
+    return ev.fits(DEVICES[device].memory_bytes, SAFETY), plan
+
+
+def chen_largest(g, device: str, without: int, bound: int, tag: str) -> int:
+    """Largest batch where the sqrt(n) plan fits: doubling from ``without``, <= ``bound``."""
+    def ok(b: int) -> bool:
+        if b <= without:
+            return True
+        t = time.perf_counter()
+        fits = chen_fits(g, b, device)[0]
+        log(f"  {tag} {BASELINE}: batch {b} {'fits' if fits else 'no fit'} "
+            f"({time.perf_counter() - t:.1f} s)")
+        return fits
+
+    top = min(bound, LIMIT)
+    if top < 1:
+        return 0
+    i, _ = largest(ok, range(1, top + 1), max(min(without, top) - 1, 0))
+    return i + 1
+
+
+def chen_overhead(g, b: int, device: str, link: str) -> float | None:
+    """The sqrt(n) plan's predicted overhead at batch ``b`` (tune's time model), if it fits."""
+    fits, plan = chen_fits(g, b, device)
+    if not fits:
+        return None
+    base, seconds = plan_seconds(g, plan, b, device=device, link=link)
+    return max(0.0, seconds / base - 1) if base else 0.0
+
+
 def measure(g, name: str, device: str, link: str, without: int, bound: tuple[int, str],
-            strategies: list[str], repeats: int) -> Row:
+            strategies: list[str], repeats: int, chen: int) -> Row:
     tag, kw, errors = f"{name} {device} {link}", {"device": device, "link": link}, []
     best = {s: largest_batch(g, s, without, bound[0], errors, tag, **kw) for s in strategies}
     at, results, seconds = best["tflms"], {}, {}
@@ -130,24 +189,25 @@ def measure(g, name: str, device: str, link: str, without: int, bound: tuple[int
             lambda s=s: attempt(g, at, s, errors, **kw), repeats)
         msg = "error" if results[s] is None else results[s].message
         log(f"  {tag} {s} at batch {at}: {seconds[s]:.2f} s, {msg}")
+    overhead = chen_overhead(g, at, device, link) if at else None
     return Row(name, len(g.ops), device, link, without, bound[0], bound[1], best, at,
-               results, seconds, errors)
+               results, seconds, errors, chen, overhead)
 
 
 def columns(strategies: list[str]) -> list[tuple[str, int]]:
     """(header, text width) of every column."""
     return ([("graph", 11), ("ops", 6), ("device", 6), ("link", 7), ("without", 8),
-             ("bound", 8)] + [(s, 15) for s in strategies] + [("B", 8)]
-            + [(f"{s} ovh", 9) for s in strategies] + [(f"{s} s", 8) for s in strategies]
-            + [("bound op", 0)])
+             ("bound", 8)] + [(s, 15) for s in (*strategies, BASELINE)] + [("B", 8)]
+            + [(f"{s} ovh", 9) for s in (*strategies, BASELINE)]
+            + [(f"{s} s", 8) for s in strategies] + [("bound op", 0)])
 
 
 def cells(row: Row, strategies: list[str]) -> list[str]:
     op = "/".join(row.bound_op.split("/")[-2:]) or "-"
     return ([row.graph, str(row.ops), row.device, row.link, batch(row.without), batch(row.bound)]
-            + [row.most(s) for s in strategies]
+            + [row.most(s) for s in (*strategies, BASELINE)]
             + [batch(row.at) if row.at else "-"]
-            + [row.overhead(s) for s in strategies]
+            + [row.overhead(s) for s in (*strategies, BASELINE)]
             + [f"{row.seconds[s]:.2f}" if s in row.seconds else "-" for s in strategies] + [op])
 
 
@@ -162,10 +222,12 @@ def header(cols: list[tuple[str, int]], n: int, markdown: bool) -> list[str]:
     names = [h for h, _ in cols]
     if markdown:
         return [line(names, cols, True), "|" + "|".join(["---"] * len(cols)) + "|"]
-    groups = [("largest batch, x without", 15), ("overhead at B", 9), ("plan s at B", 8)]
+    # (title, column width, columns): the baseline has a batch and an overhead, no plan time
+    groups = [("largest batch, x without", 15, n + 1), ("overhead at B", 9, n + 1),
+              ("plan s at B", 8, n)]
     top = " " * sum(w + 1 for _, w in cols[:6])
-    top += " ".join(f"{g:-^{w * n + n - 1}}" + (" " * 9 if i == 0 else "")
-                    for i, (g, w) in enumerate(groups))
+    top += " ".join(f"{g:-^{w * k + k - 1}}" + (" " * 9 if i == 0 else "")
+                    for i, (g, w, k) in enumerate(groups))
     return [top.rstrip(), line([h.removesuffix(" ovh").removesuffix(" s") for h in names],
                                cols, False)]
 
@@ -198,6 +260,10 @@ def papers(rows: list[Row], strategies: list[str]) -> list[tuple[str, str, str]]
         ("POFO", "4-6x the batch at under 20% overhead", pofo or ["(no rows)"]),
         ("Checkmate", "minutes to days of planning (MILP, Gurobi) on 51-353 layers",
          slow or ["(no plans timed)"]),
+        ("Chen et al.", "sqrt(n) checkpointing: O(sqrt(n)) activations for about one extra "
+         "forward pass", [f"{r.graph} {r.device} {r.link}: {BASELINE} {r.ratio(BASELINE)}, "
+                          f"overhead at B={batch(r.at)} {r.overhead(BASELINE)}"
+                          for r in rows] or ["(no rows)"]),
         ("LMS", f"3-D U-Net: {PAPERS_RATIO}x the input resolution on a 16 GiB GPU",
          ["python bench/bench_unet_resolution.py [--link nvlink2|pcie3] "
           "(default strategy, V100)"]),
@@ -246,9 +312,10 @@ def main() -> None:
             log(f"{name} ({len(g.ops)} ops) on {device}: bound and batch without LMS")
             bound = bound_batch(g, device=device, limit=LIMIT)
             without = max_batch(g, device=device, rewrite_plans=False, limit=LIMIT)[0]
+            chen = chen_largest(g, device, without, bound[0], f"{name} {device}")
             for link in links:
                 rows.append(measure(g, name, device, link, without, bound, strategies,
-                                    args.repeats))
+                                    args.repeats, chen))
                 print(line(cells(rows[-1], strategies), cols, md), flush=True)
 
     failed: dict[tuple[str, str], list[int]] = {}
