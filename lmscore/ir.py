@@ -179,10 +179,18 @@ class Adjacency:
     @functools.cached_property
     def readers(self) -> tuple[tuple[int, ...], ...]:
         """For each op, the consumers of its outputs: port by port, each port's in order."""
-        out: list[list[int]] = [[] for _ in self.data_in]
-        for (p, _port), cs in sorted(self.consumers.items()):
-            out[p].extend(cs)
-        return tuple(map(tuple, out))
+        no_ints: tuple[int, ...] = ()
+        out = [no_ints] * len(self.data_in)
+        later: list[tuple[int, int]] = []  # ports past the first: few, sorted then appended
+        for key, cs in self.consumers.items():
+            if key[1] == 0:
+                out[key[0]] = cs
+            else:
+                later.append(key)
+        later.sort()
+        for key in later:
+            out[key[0]] += self.consumers[key]
+        return tuple(out)
 
 
 #: Graphs made by :meth:`Graph.derive` and the graph each keeps the ops of.
@@ -269,20 +277,25 @@ class Graph:
         consumers: dict[tuple[int, int], list[int]] = {}
         # Each tensor is read a few times: its name is parsed once and its key shared.
         keys: dict[str, tuple[int, int]] = {}
-        self.index  # noqa: B018 - builds the index, which refuses a duplicate name
+        index = self.index  # refuses a duplicate name
         no_ints: tuple[int, ...] = ()
         for i, op in enumerate(ops):
             ins: list[tuple[int, int]] = []
             for t in op.inputs:
                 key = keys.get(t)
                 if key is None:
-                    key = keys[t] = self._tensor_key(op, t, n_out)
-                ins.append(key)
-                c = consumers.get(key)
-                if c is None:
+                    name, sep, port_text = t.rpartition(":")
+                    p = index.get(name)
+                    # "name:0" is most reads: the general parse only for the others
+                    if port_text != "0" or p is None or not n_out[p]:
+                        key = self._tensor_key(op, t, n_out)
+                    else:
+                        key = (p, 0)
+                    keys[t] = key
                     consumers[key] = [i]
                 else:
-                    c.append(i)
+                    consumers[key].append(i)
+                ins.append(key)
             ins_t = tuple(ins)
             if op.control_inputs:
                 ctl = self._control_keys(op)
@@ -292,6 +305,9 @@ class Graph:
                 ctl_t = no_ints
                 if len(ins_t) == 1:
                     ps = (ins_t[0][0],)
+                elif len(ins_t) == 2:
+                    a, b = ins_t[0][0], ins_t[1][0]
+                    ps = (a,) if a == b else (a, b)
                 elif ins_t:
                     ps = tuple(dict.fromkeys([p for p, _ in ins_t]))
                 else:
@@ -306,7 +322,7 @@ class Graph:
             control_in=tuple(control_in),
             preds=tuple(preds),
             succs=tuple(map(tuple, succs)),
-            consumers={k: tuple(v) for k, v in consumers.items()},
+            consumers=dict(zip(consumers, map(tuple, consumers.values()), strict=True)),
         )
 
     def _tensor_key(self, op: Op, t: str, n_out: list[int]) -> tuple[int, int]:

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import os
 import pathlib
+import struct
 import sys
 import tempfile
 import threading
@@ -238,6 +239,7 @@ def from_graphdef(
     pushes = _list_pushes(gd)
     ops = []
     empty: dict[str, Any] = {}
+    consts: dict[bytes, dict[str, Any]] = {}
     # A step has a few hundred distinct output shapes and signatures among thousands of
     # ops: each is decoded once and its specs are shared (TensorSpec is immutable).
     shapes_of: dict[bytes, list[tuple[int, ...] | None]] = {}
@@ -293,7 +295,7 @@ def from_graphdef(
             tuple(data_in),
             tuple(control_in),
             outputs,
-            _small_attrs(node, pushes) if op_type in _ATTR_OPS else empty,
+            _small_attrs(node, pushes, consts) if op_type in _ATTR_OPS else empty,
         ))
     functions = frozenset(f.signature.name for f in gd.library.function)
     graph = Graph(tuple(ops), source, functions, graphdef)
@@ -365,8 +367,13 @@ _ATTR_OPS = frozenset({
 })
 
 
-def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None) -> dict[str, Any]:
-    """Decode the few attributes analyses use; everything else stays in the source file."""
+def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None,
+                 consts: dict[bytes, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Decode the few attributes analyses use; everything else stays in the source file.
+
+    ``consts`` memoizes the decoded values of constants by their serialized ``value``
+    attribute: a step holds thousands of constants but a few dozen distinct ones.
+    """
     attr = node.attr
     present = set(attr)  # one pass over the map instead of a lookup per candidate key
     out: dict[str, Any] = {}
@@ -379,14 +386,15 @@ def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None) ->
     if op_type in ("While", "StatelessWhile") and pushes:
         out["list_aliases"] = pushes.get(attr["body"].func.name, ())
     if op_type == "Const" and "value" in present:
-        t = attr["value"].tensor
-        out["const_shape"] = tuple(d.size for d in t.tensor_shape.dim)
-        value = _small_int_tensor(t)
-        if value is not None:
-            out["value"] = value
-        if t.dtype == types_pb2.DT_STRING:  # a tstring is 24 bytes, plus long strings
-            n = max(len(t.string_val), 1)
-            out["string_bytes"] = 24 * n + sum(len(x) for x in t.string_val if len(x) > 22)
+        if consts is None:
+            out.update(_const_attrs(attr["value"].tensor))
+        else:
+            value = attr["value"]
+            key = value.SerializeToString()
+            decoded = consts.get(key)
+            if decoded is None:
+                decoded = consts[key] = _const_attrs(value.tensor)
+            out.update(decoded)
     if op_type in ("VarHandleOp", "VariableV2", "Placeholder"):
         for key in ("shape", "dtype"):
             if key in present:
@@ -395,6 +403,8 @@ def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None) ->
                     tuple(d.size for d in a.shape.dim) if key == "shape"
                     else _DTYPE_NAMES.get(a.type)
                 )
+    if present.isdisjoint(_OTHER_ATTRS):
+        return out
     if "element_dtype" in present:
         out["element_dtype"] = _DTYPE_NAMES.get(attr["element_dtype"].type, "unknown")
     for key in _FUNC_ATTRS:
@@ -408,6 +418,22 @@ def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None) ->
             which = a.WhichOneof("value")
             if which in ("b", "i"):
                 out[key] = getattr(a, which)
+    return out
+
+
+#: The attributes :func:`_small_attrs` reads of any op type.
+_OTHER_ATTRS = frozenset({"element_dtype", *_FUNC_ATTRS, *_SCALAR_ATTRS})
+
+
+def _const_attrs(t: Any) -> dict[str, Any]:
+    """What :func:`_small_attrs` keeps of a constant's ``value`` tensor ``t``."""
+    out: dict[str, Any] = {"const_shape": tuple(d.size for d in t.tensor_shape.dim)}
+    value = _small_int_tensor(t)
+    if value is not None:
+        out["value"] = value
+    if t.dtype == types_pb2.DT_STRING:  # a tstring is 24 bytes, plus long strings
+        n = max(len(t.string_val), 1)
+        out["string_bytes"] = 24 * n + sum(len(x) for x in t.string_val if len(x) > 22)
     return out
 
 
@@ -454,12 +480,10 @@ def _small_int_tensor(t: Any) -> tuple[int | float, ...] | None:
         if n != 1:
             return None
         if t.tensor_content:
-            import numpy as np
-
-            dt = np.dtype(np.float32 if t.dtype == types_pb2.DT_FLOAT else np.float64)
-            if len(t.tensor_content) != dt.itemsize:
+            fmt = "<f" if t.dtype == types_pb2.DT_FLOAT else "<d"
+            if len(t.tensor_content) != struct.calcsize(fmt):
                 return None
-            return (float(np.frombuffer(t.tensor_content, dtype=dt)[0]),)
+            return struct.unpack(fmt, t.tensor_content)
         vals = t.float_val if t.dtype == types_pb2.DT_FLOAT else t.double_val
         return (float(vals[0]),) if len(vals) else (0.0,)
     if t.dtype not in (types_pb2.DT_INT32, types_pb2.DT_INT64):
@@ -467,12 +491,12 @@ def _small_int_tensor(t: Any) -> tuple[int | float, ...] | None:
     if n > _SMALL_CONST:
         return None
     if t.tensor_content:
-        import numpy as np
-
-        dt = np.dtype(np.int32 if t.dtype == types_pb2.DT_INT32 else np.int64)
-        if len(t.tensor_content) != n * dt.itemsize:
+        # TensorFlow packs tensor_content little-endian; struct reads it without numpy,
+        # whose import would be a sixth of the time of ``lms inspect``.
+        fmt = f"<{n}{'i' if t.dtype == types_pb2.DT_INT32 else 'q'}"
+        if len(t.tensor_content) != struct.calcsize(fmt):
             return None
-        return tuple(int(v) for v in np.frombuffer(t.tensor_content, dtype=dt))
+        return struct.unpack(fmt, t.tensor_content)
     vals = list(t.int_val if t.dtype == types_pb2.DT_INT32 else t.int64_val)
     if not vals:
         return (0,) * n
