@@ -13,10 +13,13 @@ two of its readers (a forward activation waiting for the backward pass) gets opt
 
 Each option frees the buffer over a range of positions of the executor's schedule and
 costs predicted seconds: the copies' stalls on the link, or the clones' compute time. One
-binary variable per option, at most one option per tensor, a recompute's inputs kept
-alive (no option of theirs covers the clones' position), and one memory row per segment
-of the schedule between option boundaries where the step is over budget: what the chosen
-options free there must cover the excess. The objective is the predicted seconds, and
+binary variable per option; at most one option per idle stretch of a buffer, and several
+stretches of one buffer only by swaps (a swap-in per stretch); a recompute's inputs kept
+alive (no option of theirs frees them before the clones run, since the clones read the
+original tensors); and one memory row per segment of the schedule between option
+boundaries where the step is over budget: what the chosen options free there must cover
+the excess. Where even all options at once leave a position over budget, no MILP is
+solved. The objective is the predicted seconds, and
 ``scipy.optimize.milp`` (HiGHS) solves it. A Checkmate-style matrix with a variable per
 tensor and per step does not scale (no solution within 400 s at 353 nodes); this one has a
 variable per option and a row per over-budget segment.
@@ -58,6 +61,8 @@ MAX_CHAIN = 4
 MIN_FRACTION = 1e-3
 #: Idle stretches of one buffer that get options, the longest first.
 MAX_GAPS = 3
+#: Shortest idle stretch that gets options, in schedule positions between two readers.
+MIN_GAP = 3
 
 
 @dataclass(frozen=True)
@@ -151,7 +156,7 @@ def options(
         # the longest idle stretches (a gradient read early and again by a late sum has
         # two): an option frees the buffer over one, for all the readers after it
         for k in np.argsort(-gaps, kind="stable")[:MAX_GAPS]:
-            if gaps[k] >= 3:
+            if gaps[k] >= MIN_GAP:
                 out.extend(_buffer_options(graph, ordering, b, marks[k], marks[k + 1],
                                            readers, alive, swappable, elapsed, start,
                                            seconds, link_bandwidth, kinds))
@@ -190,7 +195,7 @@ def _buffer_options(graph, ordering, b, p_a, p_b, readers, alive, swappable, ela
             if not p_a < t < p_b:
                 continue
             stall_in = max(0.0, float(elapsed[t]) + move - float(start[p_b]))
-            out.append(Option(tensor, "swap", p_a + 1, t - 1, b.bytes,
+            out.append(Option(tensor, "swap", p_a + 1, t, b.bytes,
                               stall_out + stall_in, far, trigger, buffer=b.tensor))
     if "recompute" in kinds:
         chain = _chain(graph, ordering, p, p_b, alive, pos, shared)
@@ -325,6 +330,10 @@ def solve(
     opts = [o for o in opts if o.lo <= o.hi]
     if not opts:
         return Solution((), False, 0.0, 0, 0, "no tensor can be swapped or recomputed")
+    short = _uncovered(opts, live, budget)
+    if short >= 0:  # no need to ask HiGHS: even every option at once is not enough there
+        return Solution((), False, 0.0, 0, len(opts),
+                        f"every option together leaves position {short} over budget")
     cuts = sorted({0, n, *(o.lo for o in opts), *(o.hi + 1 for o in opts)})
     cuts = [c for c in cuts if 0 <= c <= n]
     seg_max = np.maximum.reduceat(live, cuts[:-1])
@@ -332,6 +341,8 @@ def solve(
     row_of = np.full(len(cuts) - 1, -1)
     row_of[over] = np.arange(len(over))
     seg_index = {c: k for k, c in enumerate(cuts)}
+    # each row in units of its own excess (bytes run to 1e10 and HiGHS scales poorly)
+    excess = (seg_max[over] - budget).astype(float)
     rows, cols, vals = [], [], []
     for j, o in enumerate(opts):
         segs = np.arange(seg_index[o.lo], seg_index[o.hi + 1])
@@ -339,13 +350,13 @@ def solve(
         r = r[r >= 0]
         rows.append(r)
         cols.append(np.full(len(r), j))
-        vals.append(np.full(len(r), float(o.bytes)))
+        vals.append(o.bytes / excess[r])
     m = len(over)
     constraints = []
     if m:
         a = coo_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                       shape=(m, len(opts))).tocsr()
-        constraints.append(LinearConstraint(a, (seg_max[over] - budget).astype(float), np.inf))
+        constraints.append(LinearConstraint(a, 1.0, np.inf))
     swaps = [j for j, o in enumerate(opts) if o.kind == "swap"]
     host_rows = 0
     if host_limit is not None and swaps:
@@ -365,20 +376,32 @@ def solve(
                 r.append(k)
                 c.append(np.full(len(k), j))
             r, c = np.concatenate(r), np.concatenate(c)
-            a = coo_array((np.asarray([float(opts[j].bytes) for j in c]), (r, c)),
+            unit = max(host_limit, 1)
+            a = coo_array((np.asarray([opts[j].bytes / unit for j in c]), (r, c)),
                           shape=(len(hot), len(opts))).tocsr()
-            constraints.append(LinearConstraint(a, -np.inf, float(host_limit)))
+            constraints.append(LinearConstraint(a, -np.inf, host_limit / unit))
             m += len(hot)
             host_rows = len(hot)
-    # at most one option per buffer; a recomputation's inputs stay on the device
+    # at most one option per idle stretch of a buffer (its options share ``lo``); two
+    # stretches of one buffer only by swaps (see _combine); a recomputation's inputs stay
+    # on the device
     by_buffer: dict[str, list[int]] = {}
     for j, o in enumerate(opts):
         by_buffer.setdefault(o.buffer or o.tensor, []).append(j)
-    pairs: list[list[int]] = [js for js in by_buffer.values() if len(js) > 1]
+    pairs: list[list[int]] = []
+    for js in by_buffer.values():
+        stretches: dict[int, list[int]] = {}
+        for j in js:
+            stretches.setdefault(opts[j].lo, []).append(j)
+        pairs.extend(g for g in stretches.values() if len(g) > 1)
+        pairs.extend([j, k] for j in js for k in js if j < k and opts[j].lo != opts[k].lo
+                     and not _combine(opts[j], opts[k]))
     for j, o in enumerate(opts):
         for t in o.keeps:
+            # the clones read the original tensor: an option that frees it before them
+            # (even one whose swap-in is back by then) would keep the original alive
             for k in by_buffer.get(t, ()):
-                if opts[k].lo <= o.hi + 1 <= opts[k].hi:
+                if opts[k].lo <= o.hi + 1:
                     pairs.append([j, k])
     if pairs:
         r = np.concatenate([np.full(len(p), k) for k, p in enumerate(pairs)])
@@ -386,8 +409,9 @@ def solve(
         a = coo_array((np.ones(len(c)), (r, c)), shape=(len(pairs), len(opts))).tocsr()
         constraints.append(LinearConstraint(a, -np.inf, 1.0))
     # seconds first; among equals, fewer bytes moved or recomputed
+    # (in milliseconds: HiGHS takes costs near 1 best)
     total = sum(o.bytes for o in opts) or 1
-    cost = np.array([o.seconds + 1e-9 * o.bytes / total for o in opts])
+    cost = np.array([1e3 * o.seconds + 1e-3 * o.bytes / total for o in opts])
     with native_output_silenced(1):  # HiGHS' MIP solver prints a stray line to stdout
         res = milp(cost, constraints=constraints, integrality=np.ones(len(opts)),
                    bounds=Bounds(0, 1),
@@ -400,10 +424,68 @@ def solve(
                     len(opts), str(res.message), host_rows)
 
 
+def _uncovered(opts: Sequence[Option], live: np.ndarray, budget: int) -> int:
+    """The first position that stays over ``budget`` with every option chosen, else -1.
+
+    A relaxation of :func:`solve`'s problem (a buffer counts once wherever any of its
+    options frees it, whatever excludes what), so a position it finds proves the MILP
+    infeasible, and HiGHS takes far longer to say so.
+    """
+    n = len(live)
+    freed = np.zeros(n + 1, dtype=np.int64)
+    by_buffer: dict[str, list[tuple[int, int]]] = {}
+    size: dict[str, int] = {}
+    for o in opts:
+        key = o.buffer or o.tensor
+        by_buffer.setdefault(key, []).append((o.lo, o.hi))
+        size[key] = o.bytes
+    for key, spans in by_buffer.items():
+        spans.sort()
+        lo, hi = spans[0]
+        for a, b in spans[1:] + [(n + 1, n + 1)]:
+            if a > hi + 1:  # a gap between merged spans: close the current one
+                freed[lo] += size[key]
+                freed[min(hi + 1, n)] -= size[key]
+                lo, hi = a, b
+            else:
+                hi = max(hi, b)
+    over = np.flatnonzero(live - np.cumsum(freed)[:n] > budget)
+    return int(over[0]) if len(over) else -1
+
+
+def _combine(a: Option, b: Option) -> bool:
+    """Whether options ``a`` and ``b`` of two idle stretches of one buffer go together.
+
+    Two swaps do. Of one tensor, it is copied out once and back in before each stretch's
+    first reader (:func:`decisions`). Of two tensors (a residual gradient read through a
+    reshape after the first stretch), the later is a view of the first's swap-in, since
+    all readers after a stretch read the one tensor its option swaps: each is copied out
+    and in on its own. A recomputation's clones would read the buffer it frees.
+    """
+    return a.kind == b.kind == "swap"
+
+
 def decisions(chosen: Sequence[Option]) -> tuple[tuple[Swap, ...], tuple[Recompute, ...]]:
-    """The swaps and recomputes of a plan that applies ``chosen``."""
-    swaps = tuple(Swap(o.tensor, (SwapIn(o.consumers, o.trigger),))
-                  for o in chosen if o.kind == "swap")
+    """The swaps and recomputes of a plan that applies ``chosen``.
+
+    Swap options of one tensor over several idle stretches make one swap with a swap-in
+    per stretch; each swap-in serves the readers up to the next stretch (an option's
+    consumers are all the readers after its stretch).
+    """
+    by_tensor: dict[str, list[Option]] = {}
+    for o in chosen:
+        if o.kind == "swap":
+            by_tensor.setdefault(o.tensor, []).append(o)
+    swaps = []
+    for tensor, group in by_tensor.items():
+        group.sort(key=lambda o: o.lo)
+        swap_ins = []
+        for k, o in enumerate(group):
+            later = {c for g in group[k + 1:] for c in g.consumers}
+            swap_ins.append(SwapIn(tuple(c for c in o.consumers if c not in later),
+                                   o.trigger))
+        swaps.append(Swap(tensor, tuple(swap_ins)))
+    swaps = tuple(swaps)
     recomputes = tuple(Recompute(o.tensor, o.ops, o.consumers, o.trigger)
                        for o in chosen if o.kind == "recompute")
     return swaps, recomputes

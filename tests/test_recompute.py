@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from graphs import long_edge, t
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from lmscore import planners
 from lmscore.errors import PlanError
 from lmscore.evaluate import evaluate_plan
 from lmscore.ir import Graph, Op
@@ -23,7 +27,7 @@ from lmscore.plan import (
     recompute_refusal,
     remove_recompute,
 )
-from lmscore.planners import Option, solve
+from lmscore.planners import Option, decisions, solve
 from lmscore.shapes import extend_sizes, resolve
 
 BIG, SMALL = t("float", 1, 1000), t("float", 1, 8)
@@ -156,6 +160,58 @@ def test_milp_picks_the_cheapest_cover():
     assert not solve([free_a, _option("k", 1, 2, 6, 0.1, keeps=("a",))], both, 4).feasible
     assert solve([], live, 10).chosen == () and solve([], live, 10).feasible
     assert not solve([b], live, 6).feasible
+
+
+def test_two_idle_stretches_of_a_buffer_are_two_swap_ins_of_one_swap():
+    live = np.array([0, 10, 5, 5, 10, 5])
+    # one buffer idle at 1 and at 4 (readers at 2-3 and 5): both stretches must be freed
+    s1 = Option("a", "swap", 1, 1, 5, 0.1, ("r2", "r3", "r5"), "t1")
+    s2 = Option("a", "swap", 4, 4, 5, 0.1, ("r5",), "t4")
+    sol = solve([s1, s2], live, 6)
+    assert sol.feasible and set(sol.chosen) == {s1, s2}
+    swaps, recomputes = decisions(sol.chosen)
+    assert recomputes == () and len(swaps) == 1
+    assert [(g.consumers, g.trigger) for g in swaps[0].swap_ins] == [
+        (("r2", "r3"), "t1"), (("r5",), "t4")]
+    # a recomputation frees the buffer once: with a swap of its other stretch, it is not
+    # enough
+    r2 = Option("a", "recompute", 4, 4, 5, 0.1, ("r5",), "t4", ("p",))
+    assert not solve([s1, r2], live, 6).feasible
+    # two options of one stretch exclude each other
+    assert not solve([s1, Option("a", "swap", 1, 1, 5, 0.2, ("r2",), "t0")], live, 6).feasible
+
+
+def test_a_recomputation_reads_its_input_before_any_of_its_swaps():
+    live = np.array([0, 9, 9, 0, 9])
+    # "a" swapped at 1 and back by 2; the clones of "k" run at 3 and read the original
+    # "a", so the swap would free nothing
+    swap_a = _option("a", 1, 1, 6, 0.1)
+    rec = Option("k", "recompute", 2, 2, 6, 0.1, ("c",), "t", ("k0",), ("a",))
+    assert not solve([swap_a, rec], live[:4], 4).feasible
+    assert solve([swap_a, replace(rec, keeps=())], live[:4], 4).feasible
+    # a swap after the clones have run is fine
+    late = _option("a", 4, 4, 6, 0.1)
+    assert set(solve([late, rec], np.array([0, 0, 9, 0, 9]), 4).chosen) == {late, rec}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 8), st.integers(0, 3),
+                          st.integers(1, 6), st.booleans()), min_size=1, max_size=8),
+       st.lists(st.integers(0, 20), min_size=9, max_size=9), st.integers(0, 12))
+def test_the_quick_infeasibility_proof_agrees_with_highs(raw, live, budget):
+    opts = [Option(f"t{k}", "swap" if swap else "recompute", lo, min(8, lo + span), nbytes,
+                   0.1, ("c",), "t", ()) for k, lo, span, nbytes, swap in raw]
+    live = np.array(live)
+    short = planners._uncovered(opts, live, budget)
+    quick = planners._uncovered
+    try:  # HiGHS alone, without the quick proof
+        planners._uncovered = lambda *a: -1
+        full = solve(opts, live, budget)
+    finally:
+        planners._uncovered = quick
+    if short >= 0:
+        assert not full.feasible
+    assert solve(opts, live, budget).feasible == full.feasible
 
 
 def test_milp_keeps_the_host_within_its_limit():
