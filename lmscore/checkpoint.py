@@ -22,7 +22,7 @@ tensor's producer and, walking back, the producers of every input that is not on
 device when the clones run (an activation dropped here, or a forward intermediate already
 freed), down to tensors that are: the previous checkpoint, kept activations, variables,
 constants and feeds. The clones start after a trigger near the first backward reader,
-chosen as the per-tensor planners choose theirs (:func:`lmscore.planners._trigger_near`).
+chosen as the per-tensor planners choose theirs (:func:`lmscore.planners.trigger_near`).
 An activation is kept when its recomputation needs an op that
 :func:`lmscore.plan.recompute_refusal` refuses, when no trigger fits, or when a backward
 reader must read the original (:func:`lmscore.plan.keeps_tensor`: a pooling gradient
@@ -53,8 +53,8 @@ from .errors import ConfigError
 from .ir import Graph, split_tensor
 from .memory import Buffer, Simulation, simulate
 from .order import BACKWARD, FORWARD, SHAPE_ONLY_OPS, Ordering, order
-from .plan import Plan, Recompute, fingerprint, keeps_tensor, recompute_refusal
-from .planners import MIN_FRACTION, _trigger_near
+from .plan import Plan, Recompute, fingerprint, keeps_tensor
+from .planners import MIN_FRACTION, recompute_chain, trigger_near
 from .shapes import Sizes, resolve
 
 
@@ -292,11 +292,11 @@ def checkpointing(
                          sum(b.bytes for b in acts[a:z])) for a, z in runs)
     checkpoints = {s.checkpoint for s in segs}
     # every device buffer's tensors: where each lives, and over which positions
-    alive: dict[str, Buffer] = {}
+    alive: dict[str, tuple[int, int, str]] = {}
     for b in base.buffers:
         if not b.scratch and not b.host:
             for t in (b.tensor, *b.views):
-                alive[t] = b
+                alive[t] = (b.first, b.last, b.tensor)
     dropped: set[str] = set()  # buffers freed so far, by their owner tensor
     recomputes: list[Recompute] = []
     recomputed: list[str] = []
@@ -352,7 +352,8 @@ def _reads_values(graph: Graph, cats: Sequence[str], reader: int) -> bool:
 
 
 def _recomputes(
-    graph: Graph, ordering: Ordering, b: Buffer, alive: dict[str, Buffer], freed: set[str]
+    graph: Graph, ordering: Ordering, b: Buffer, alive: dict[str, tuple[int, int, str]],
+    freed: set[str],
 ) -> tuple[list[Recompute], str]:
     """The recomputations that free buffer ``b`` from the backward pass, or why none can.
 
@@ -377,52 +378,18 @@ def _recomputes(
             if keeps_tensor(graph, c, p, port, exact=False):
                 return [], f"{graph.ops[c].name!r} must read {tensor!r} itself"
         readers.sort(key=lambda c: pos[c])
-        ops = _chain(graph, ordering, p, pos[readers[0]], alive, freed)
-        if isinstance(ops, str):
-            return [], ops
+        # a chain reaches back to the segment's checkpoint through every activation
+        # dropped on the way (the planners' chains stop at MAX_CHAIN ops)
+        chain = recompute_chain(graph, ordering, p, pos[readers[0]], alive, freed)
+        if isinstance(chain, str):
+            return [], chain
+        ops = chain[0]
         far = tuple(graph.ops[c].name for c in readers)
-        trigger = _trigger_near(graph, ordering, tensor, far, schedule[pos[readers[0]] - 1])
+        trigger = trigger_near(graph, ordering, tensor, far, schedule[pos[readers[0]] - 1])
         if trigger is None:
             return [], f"no trigger before {far[0]!r} can start the recomputation of {tensor!r}"
         out.append(Recompute(tensor, ops, far, trigger))
     return out, ""
-
-
-def _chain(
-    graph: Graph, ordering: Ordering, producer: int, at: int, alive: dict[str, Buffer],
-    freed: set[str],
-) -> tuple[str, ...] | str:
-    """The ops to clone to make ``producer``'s outputs again at schedule position ``at``.
-
-    Walks back from the producer: an input on the device at ``at`` in the unplanned step,
-    in a buffer not ``freed`` (by owner tensor), is read as it is, and so is a variable, a
-    constant or a feed; any other input's producer is cloned too. Unlike the per-tensor
-    planners' chains (:func:`lmscore.planners._chain`, at most
-    :data:`lmscore.planners.MAX_CHAIN` ops, one buffer freed), a chain here reaches back to
-    the segment's checkpoint through every activation dropped on the way. Returns the ops
-    in the executor's order, or why an op of the chain cannot be cloned.
-    """
-    adj = graph.adjacency
-    cats = ordering.categories
-    chain: set[int] = set()
-    stack = [producer]
-    while stack:
-        i = stack.pop()
-        if i in chain:
-            continue
-        reason = recompute_refusal(graph, ordering, i)
-        if reason:
-            return f"{graph.ops[i].name!r} cannot be recomputed: {reason}"
-        chain.add(i)
-        for q, port in adj.data_in[i]:
-            buf = alive.get(f"{graph.ops[q].name}:{port}")
-            if buf is None and cats[q] in ("persistent", "input"):
-                continue
-            if buf is not None and buf.first <= at <= buf.last and buf.tensor not in freed:
-                continue
-            stack.append(q)
-    pos = ordering.position
-    return tuple(graph.ops[i].name for i in sorted(chain, key=lambda i: pos[i]))
 
 
 __all__ = ["Checkpointing", "Segment", "activations", "checkpointing", "chen_plan", "split"]

@@ -32,7 +32,7 @@ solved again with the budget lowered by the overshoot.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -188,7 +188,7 @@ def _buffer_options(graph, ordering, b, p_a, p_b, readers, alive, swappable, ela
         move = b.bytes / link_bandwidth
         # the op after p_a waits for the swap-out, which starts when the producer ends
         stall_out = max(0.0, float(elapsed[pos[p]]) + move - float(start[p_a + 1]))
-        triggers = {_trigger_near(graph, ordering, tensor, far, schedule[lead])
+        triggers = {trigger_near(graph, ordering, tensor, far, schedule[lead])
                     for lead in _leads(start, p_a, p_b, move)}  # two leads may meet
         for trigger in sorted(triggers - {None}):
             t = pos[idx[trigger]]
@@ -198,10 +198,10 @@ def _buffer_options(graph, ordering, b, p_a, p_b, readers, alive, swappable, ela
             out.append(Option(tensor, "swap", p_a + 1, t, b.bytes,
                               stall_out + stall_in, far, trigger, buffer=b.tensor))
     if "recompute" in kinds:
-        chain = _chain(graph, ordering, p, p_b, alive, pos, shared)
-        if chain is None:
+        chain = recompute_chain(graph, ordering, p, p_b, alive, {b.tensor}, MAX_CHAIN)
+        if isinstance(chain, str):
             return out
-        trigger = _trigger_near(graph, ordering, tensor, far, schedule[p_b - 1])
+        trigger = trigger_near(graph, ordering, tensor, far, schedule[p_b - 1])
         if trigger is None:
             return out
         t = pos[idx[trigger]]
@@ -224,7 +224,7 @@ def _leads(start: np.ndarray, p_a: int, p_b: int, move: float) -> list[int]:
     return sorted(picks)
 
 
-def _trigger_near(
+def trigger_near(
     graph: Graph, ordering: Ordering, tensor: str, far: Sequence[str], op: int
 ) -> str | None:
     """A trigger for ``far`` near op ``op``'s level that reaches the first far reader."""
@@ -233,17 +233,25 @@ def _trigger_near(
     return find_trigger(graph, tensor, far, ahead, 10, exact=False)
 
 
-def _chain(
+def recompute_chain(
     graph: Graph, ordering: Ordering, producer: int, at: int,
-    alive: dict[str, tuple[int, int, str]], pos: Sequence[int], freed: set[str],
-) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-    """The ops to clone so that ``producer``'s output can be made again at position ``at``.
+    alive: Mapping[str, tuple[int, int, str]], freed: Collection[str],
+    limit: int | None = None,
+) -> tuple[tuple[str, ...], tuple[str, ...]] | str:
+    """The ops to clone so that ``producer``'s outputs are made again at position ``at``.
 
     Walks back from the producer: an input whose buffer is on the device at ``at`` anyway
-    (or that is persistent: variables, constants, feeds hold no buffer here) is read as
-    it is, unless it lives in the buffer being ``freed`` (an in-place result's input); any
-    other input's producer is cloned too. None if that needs more than
-    :data:`MAX_CHAIN` ops or an op that cannot be recomputed.
+    (``alive``: tensor -> its buffer's first and last schedule positions and owner tensor)
+    and is not one of the buffers ``freed`` (by owner tensor: the buffer being freed, an
+    in-place result's input) is read as it is, and so is a variable, a constant or a feed;
+    any other input's producer is cloned too.
+
+    Returns
+    -------
+    tuple or str
+        The ops to clone in the executor's order and the owners of the buffers they read
+        as they are; or why none: an op :func:`lmscore.plan.recompute_refusal` refuses, or
+        more than ``limit`` ops.
     """
     adj = graph.adjacency
     cats = ordering.categories
@@ -254,18 +262,21 @@ def _chain(
         i = stack.pop()
         if i in chain:
             continue
-        if recompute_refusal(graph, ordering, i) or len(chain) >= MAX_CHAIN:
-            return None
+        reason = recompute_refusal(graph, ordering, i)
+        if reason:
+            return f"{graph.ops[i].name!r} cannot be recomputed: {reason}"
+        if limit is not None and len(chain) >= limit:
+            return f"more than {limit} ops to clone"
         chain.add(i)
         for q, port in adj.data_in[i]:
-            name = f"{graph.ops[q].name}:{port}"
-            span = alive.get(name)
+            span = alive.get(f"{graph.ops[q].name}:{port}")
             if span is None and cats[q] in ("persistent", "input"):
                 continue
-            if span is not None and span[0] <= at <= span[1] and name not in freed:
+            if span is not None and span[0] <= at <= span[1] and span[2] not in freed:
                 keeps.add(span[2])
                 continue
             stack.append(q)
+    pos = ordering.position
     ops = tuple(graph.ops[i].name for i in sorted(chain, key=lambda i: pos[i]))
     return ops, tuple(sorted(keeps))
 
@@ -491,4 +502,5 @@ def decisions(chosen: Sequence[Option]) -> tuple[tuple[Swap, ...], tuple[Recompu
     return swaps, recomputes
 
 
-__all__ = ["MAX_CHAIN", "STRATEGIES", "Option", "Solution", "decisions", "options", "solve"]
+__all__ = ["MAX_CHAIN", "STRATEGIES", "Option", "Solution", "decisions", "options",
+           "recompute_chain", "solve", "trigger_near"]
