@@ -470,11 +470,12 @@ def tune(
         Fraction of the free device memory that may be used (0 < safety <= 1).
     strategy : {"hybrid", "swap", "recompute", "knobs", "tflms"}
         ``hybrid`` (the default; ``"default"`` is the same) plans per tensor, swap or
-        recompute (:mod:`lmscore.planners`), and keeps that plan, the ``swap`` one, the
-        ``recompute`` one or the ``knobs`` one, whichever is predicted faster among those
-        that fit; ``swap`` and
-        ``recompute`` plan per tensor with one kind of option only; ``knobs`` searches TFLMS's knobs
-        with the time model; ``tflms`` is TFLMS's own greedy search on memory.
+        recompute (:mod:`lmscore.planners`), and keeps that plan or the ``knobs`` one,
+        whichever is predicted faster among those that fit (when its own does not fit,
+        the ``swap`` and ``recompute`` plans are candidates too); ``swap`` and
+        ``recompute`` plan per tensor with one kind of option only; ``knobs`` searches
+        TFLMS's knobs with the time model; ``tflms`` is TFLMS's own greedy search on
+        memory.
     workspace : str
         Kernel workspace model of the simulator (:data:`lmscore.memory.WORKSPACES`):
         ``"accelerator"`` for a GPU, ``"cpu"`` for the emulated accelerator on this CPU.
@@ -542,10 +543,13 @@ def tune(
     per = _per_tensor(strategy, *args)
     if strategy != "hybrid":
         return per
-    # the MILP's model errs (the clones' intermediate buffers, the link's queue): swaps
-    # alone, recomputations alone and the knobs are candidates too; all share one context
-    plans = (per, _per_tensor("swap", *args), _per_tensor("recompute", *args),
-             _knob_search("knobs", *args))
+    # the MILP's model errs (the clones' intermediate buffers, the link's queue): when
+    # its plan does not fit, swaps alone and recomputations alone are candidates too (when
+    # it fits, its MILP had their plans to choose from); the knobs always are, since
+    # their plans are not among the MILP's options. All share one context.
+    plans: tuple[TuneResult, ...] = (per, _knob_search("knobs", *args))
+    if not per.fits:
+        plans += (_per_tensor("swap", *args), _per_tensor("recompute", *args))
     best = min(plans, key=lambda r: (not r.fits, r.predicted_step_seconds
                                      if r.fits else r.predicted_peak_bytes))
     return replace(best, strategy="hybrid", evaluations=ctx.evaluations)
