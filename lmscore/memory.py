@@ -542,10 +542,14 @@ def _simulate(
         if now > device_curve[lvl]:
             device_curve[lvl] = now
             level_pos[lvl] = pos
-        host_curve[lvl] = max(host_curve[lvl], host_live)
+        if host_live > host_curve[lvl]:
+            host_curve[lvl] = host_live
         if now > peak:
             peak, peak_pos = now, pos
-        worst = max(worst, now + race.get(pos, 0))
+        if race:  # (without one, worst stays at most the peak: no race bytes)
+            ahead = now + race.get(pos, 0)
+            if ahead > worst:
+                worst = ahead
         live -= dev_free[pos]
         host_live -= host_free[pos]
     peak_level = levels[ordering.schedule[peak_pos]] if n else 0
@@ -600,7 +604,15 @@ def _buffers(
 
     def note_readers(b: int, tensor: tuple[int, int]) -> None:
         top = latest[b]  # at most two entries, latest first
-        for c in consumers.get(tensor, ()):
+        cs = consumers.get(tensor)
+        if cs is None:
+            return
+        if len(cs) == 1 and not top:  # the common case: one reader of a new buffer
+            c = cs[0]
+            if needed[c]:
+                top.append((pos[c], c))
+            return
+        for c in cs:
             if not needed[c]:
                 continue
             entry = (pos[c], c)
@@ -623,17 +635,19 @@ def _buffers(
         note_readers(len(root) - 1, tensor)
         return len(root) - 1
 
+    data_in = adj.data_in
     for i in ordering.schedule:
         op = ops[i]
-        ins = adj.data_in[i]
+        ins = data_in[i]
         if needed[i]:
             for t in ins:
                 readers[owner[t]].append(i)
-        may_view = op.type in _VIEW_TYPES
-        may_forward = op.type in _FORWARD_TYPES
+        op_type = op.type
+        may_view = op_type in _VIEW_TYPES
+        may_forward = op_type in _FORWARD_TYPES
         for port, spec in enumerate(op.outputs):
             t = (i, port)
-            if not needed[i] and op.type not in FEED_OPS and op.type not in VARIABLE_OPS:
+            if not needed[i] and op_type not in FEED_OPS and op_type not in VARIABLE_OPS:
                 owner[t] = new_buffer(t, "pruned")
                 continue
             src = _view_of(graph, sizes, i, port) if may_view else None
@@ -666,19 +680,21 @@ def _buffers(
     for b, (p, port) in enumerate(root):
         if kind[b] != "transient":
             continue
-        rs = sorted(set(readers[b]), key=pos.__getitem__)
+        rs = readers[b]
+        if len(rs) > 1:
+            rs = sorted(set(rs), key=pos.__getitem__)
         op = ops[p]
         out.append(Buffer(
             tensor=f"{op.name}:{port}",
             bytes=max(nbytes[p][port], 0),
             start=level[p],
-            end=max((level[r] for r in rs), default=level[p]),
+            end=max([level[r] for r in rs], default=level[p]),
             producer=p,
             readers=tuple(rs),
             host=host_op(op.device, dict(op.attrs)),
             first=pos[p],
-            last=max((pos[r] for r in rs), default=pos[p]),
-            views=tuple(f"{ops[q].name}:{k}" for q, k in members[b][1:]),
+            last=pos[rs[-1]] if rs else pos[p],  # rs is in schedule order
+            views=tuple([f"{ops[q].name}:{k}" for q, k in members[b][1:]]),
         ))
     return out, persistent, feeds
 
@@ -737,6 +753,7 @@ def _view_of(graph: Graph, sizes: Sizes, i: int, port: int) -> tuple[int, int] |
     return None
 
 
+@functools.lru_cache(maxsize=1024)
 def _is_update(op_type: str) -> bool:
     """Kernels that write a resource variable (assignments and optimizer applies)."""
     return op_type in ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp") or (
@@ -784,15 +801,14 @@ def _update_copies(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffe
                     last[r] = max(last.get(r, pos[r]), pos[c])
     reads: dict[tuple[int, int], list[int]] = {}
     updates: dict[tuple[int, int], list[int]] = {}
-    for i, op in enumerate(ops):
-        if not adj.data_in[i]:
+    for i, ins in enumerate(adj.data_in):
+        if not ins or not needed[i]:
             continue
-        if not needed[i]:
-            continue
-        if op.type == "ReadVariableOp":
-            reads.setdefault(adj.data_in[i][0], []).append(i)
-        elif _is_update(op.type):
-            updates.setdefault(adj.data_in[i][0], []).append(i)
+        t = ops[i].type
+        if t == "ReadVariableOp":
+            reads.setdefault(ins[0], []).append(i)
+        elif _is_update(t):
+            updates.setdefault(ins[0], []).append(i)
     out = []
     for var, ups in updates.items():
         size = sizes.variable_bytes.get(ops[var[0]].name, -1)
@@ -1290,7 +1306,7 @@ def hotspots(
     -------
     tuple of LiveTensor
         Each row says whether a hand toggle would swap the tensor: the tensor (or a view of
-        it) passes :func:`lmscore.plan.swap_refusal` and has a reader more than one level
+        it) passes :func:`lmscore.swappable.swap_refusal` and has a reader more than one level
         after it, as ``lmscore.plan.add_swap`` requires.
     """
     ordering = order(graph)
@@ -1315,7 +1331,7 @@ def live_tensor(graph: Graph, b: Buffer, *, sizes: Sizes, ordering: Ordering | N
     ordering : Ordering, optional
         ``order(graph)``, if the caller has it.
     """
-    from .plan import swap_refusal
+    from .swappable import swap_refusal
 
     ordering = ordering or order(graph)
     lv = ordering.levels

@@ -302,40 +302,39 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
             cat[p] == PERSISTENT for p, _ in data_in[i]
         ):
             cat[i] = PERSISTENT
-    # Value flow from the feeds (shape-only ops cut it: their outputs ignore values).
+    # Value flow from the feeds (from_input: shape-only ops cut it, their outputs ignore
+    # values) and dependence on the feeds through any data edge, shapes included
+    # (from_data).
     from_input = [False] * n
-    for i in topo:
-        c = cat[i]
-        if c == INPUT:
-            from_input[i] = True
-        elif c is None and types[i] not in SHAPE_ONLY_OPS:
-            for p, _ in data_in[i]:
-                if from_input[p]:
-                    from_input[i] = True
-                    break
-    # Dependence on the feeds through any data edge, shapes included.
     from_data = [False] * n
     for i in topo:
         c = cat[i]
         if c == INPUT:
-            from_data[i] = True
+            from_input[i] = from_data[i] = True
         elif c is None:
-            for p, _ in data_in[i]:
+            ins = data_in[i]
+            values = types[i] not in SHAPE_ONLY_OPS
+            for p, _ in ins:  # from_input[p] implies from_data[p]
                 if from_data[p]:
                     from_data[i] = True
-                    break
+                    if not values:
+                        break
+                    if from_input[p]:
+                        from_input[i] = True
+                        break
     # Writes, then the arithmetic whose only use is to feed writes and that computes on
     # optimizer state rather than on the data (step counters, bias corrections, moments).
     reads_state = [False] * n
-    reads_resource = [False] * n
-    for i in range(n):
-        for p, port in data_in[i]:
+    write = [False] * n
+    for i, ins in enumerate(data_in):
+        reads_resource = False
+        for p, port in ins:
             if ops[p].outputs[port].dtype == "resource":
-                reads_state[i] = reads_resource[i] = True
+                reads_state[i] = reads_resource = True
                 break
             if types[p] in RESOURCE_READS:
                 reads_state[i] = True
-    write = [_writes(types[i], reads_resource[i], not ops[i].outputs) for i in range(n)]
+        write[i] = _writes(types[i], reads_resource, not ops[i].outputs)
     only_writes = [False] * n  # every path from the op ends in a write
     for i in reversed(topo):
         if cat[i] is None:
@@ -351,8 +350,10 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
                     only_writes[i] = True
     update = [False] * n
     for i in topo:
-        if cat[i] is None and only_writes[i]:
-            ins = data_in[i]
+        if cat[i] is not None:
+            continue
+        ins = data_in[i]
+        if only_writes[i]:
             update[i] = (
                 write[i]
                 or not from_data[i]
@@ -365,8 +366,9 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
                     and all(write[s] for s in adj.succs[i])
                 )
             )
-    for i in topo:  # control-only joins after writes (the step's final NoOp)
-        if cat[i] is None and not ops[i].outputs and not data_in[i] and any(
+        # control-only joins after writes (the step's final NoOp); no data input reads
+        # one, so the rule above never waits for this one
+        if not update[i] and not ins and not ops[i].outputs and any(
             update[p] for p in adj.preds[i]
         ):
             update[i] = True
@@ -600,7 +602,7 @@ def _gradient_structure(
             if below_seed[c] or meets[c]:
                 meets[i] = True
                 break
-    apart = [i for i in topo if not backward[i] and scalar_value(i)]
+    apart = [i for i in topo if from_input[i] and not backward[i] and scalar_value(i)]
     pool = [i for i in apart if not meets[i]] or apart
     if not pool:
         return seed, None, backward

@@ -115,6 +115,7 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
             for port, value in own.items():
                 vals[(i, port)] = value
         out: list[tuple[int, ...] | None] = []
+        derived = op.type == "Transpose"  # what _check_resolved checks besides derived shapes
         for port, spec in enumerate(op.outputs):
             s = spec.shape
             if s and min(s) < -1:
@@ -123,10 +124,12 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
                 )
             if port in own and (s is None or len(own[port][0]) == len(s)):
                 out.append(own[port][0])  # an integer tensor whose value is known
+                derived = True
                 continue
             if s is not None and -1 not in s:
                 out.append(s)
                 continue
+            derived = True
             exact = _shape_from_values(graph, i, port, vals, shapes)
             if exact is not None and (s is None or len(exact) == len(s)):
                 out.append(exact)
@@ -140,16 +143,21 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
                 r = (batch_size,) + r[1:]
                 assumed.append(f"{op.name}:{port}")
             out.append(r)
-        _check_resolved(graph, i, out, vals)
+        if derived:  # (a recorded shape was checked above)
+            _check_resolved(graph, i, out, vals)
         shapes[i] = out
     nbytes: list[list[int]] = []
     unknown: list[str] = []
+    lists = False  # whether any tensor is a TensorList (variant)
     bytes_of: dict[tuple[tuple[int, ...] | None, str], int] = {}  # few distinct shapes
     for i, op in enumerate(ops):
         row = []
         for port, spec in enumerate(op.outputs):
             if spec.dtype == "string":
                 b = op.attrs.get("string_bytes", -1)
+            elif spec.dtype == "variant":
+                lists = True
+                b = -1
             else:
                 key = (shapes[i][port], spec.dtype)
                 b = bytes_of.get(key)
@@ -164,7 +172,8 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
                 unknown.append(f"{op.name}:{port}")
             row.append(b)
         nbytes.append(row)
-    _size_tensor_lists(graph, ordering.topo, shapes, vals, nbytes, unknown, batch_size)
+    if lists:
+        _size_tensor_lists(graph, ordering.topo, shapes, vals, nbytes, unknown, batch_size)
     var_bytes = _variable_bytes(graph, shapes, nbytes)
     return Sizes(
         batch_size=batch_size,
@@ -424,6 +433,10 @@ def _const_value(graph: Graph, i: int, input_index: int) -> tuple[int, ...] | No
     return value
 
 
+#: Op types that may hold a variable (feeds only when they hand in a resource).
+_HOLDERS = VARIABLE_OPS | FEED_OPS
+
+
 def _variable_bytes(
     graph: Graph,
     shapes: list[list[tuple[int, ...] | None]],
@@ -434,8 +447,10 @@ def _variable_bytes(
     adj = graph.adjacency
     out: dict[str, int] = {}
     for i, op in enumerate(ops):
+        if op.type not in _HOLDERS:
+            continue
         resource = bool(op.outputs) and op.outputs[0].dtype == "resource"
-        if not (op.type in VARIABLE_OPS or (op.type in FEED_OPS and resource)):
+        if not (op.type in VARIABLE_OPS or resource):
             continue
         if "shape" in op.attrs and op.attrs.get("dtype") and op.type in VARIABLE_OPS:
             shape = tuple(op.attrs["shape"])
