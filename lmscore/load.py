@@ -236,6 +236,7 @@ def from_graphdef(
     lacks ``_output_shapes``, so that the caller can let TensorFlow infer them.
     """
     sigs = _compiled_signatures()
+    one_output = _one_output_signatures()
     pushes = _list_pushes(gd)
     ops = []
     empty: dict[str, Any] = {}
@@ -276,7 +277,15 @@ def from_graphdef(
             shapes = None
             if require_shapes and (sig is None or sig):
                 raise _MissingShapes(name)
-        dtypes = _output_dtypes(attr, sig, len(shapes) if shapes is not None else None)
+        one = one_output.get(op_type)
+        if one is not None and (shapes is None or len(shapes) == 1):
+            # most ops: one output whose dtype is fixed or the type attribute's
+            type_attr, dt = one
+            if type_attr and type_attr in attr:
+                dt = _DTYPE_NAMES.get(attr[type_attr].type, "unknown")
+            dtypes = [dt]
+        else:
+            dtypes = _output_dtypes(attr, sig, len(shapes) if shapes is not None else None)
         if shapes is None:
             shapes = [None] * len(dtypes)
         elif len(shapes) != len(dtypes):
@@ -327,6 +336,21 @@ def _compiled_signatures() -> dict[str, tuple[tuple[str, str, str, str, bool], .
             else:
                 args.append(("fixed", arg, "", count, ref))
         out[op] = tuple(args)
+    return out
+
+
+@functools.cache
+def _one_output_signatures() -> dict[str, tuple[str, str]]:
+    """Op types with one output, neither a list nor a reference, as ``(type attribute, dtype)``.
+
+    The dtype is the type attribute's when the op has it (``""``: a fixed dtype), else the
+    default: what :func:`_output_dtypes` computes for them, without walking the signature.
+    """
+    out = {}
+    for op, sig in _compiled_signatures().items():
+        if len(sig) == 1 and sig[0][0] != "list" and not sig[0][3] and not sig[0][4]:
+            kind, key, default, _, _ = sig[0]
+            out[op] = (key, default) if kind == "attr" else ("", key)
     return out
 
 
