@@ -126,23 +126,31 @@ def attempt(g, b: int, s: str, errors: list, **kw) -> TuneResult | None:
         return None
 
 
-def largest_batch(g, s: str, without: int, bound: int, errors: list, tag: str, **kw) -> int:
-    """Largest batch that fits with strategy ``s``: doubling from ``without``, <= ``bound``."""
+def _largest_fitting(fits, without: int, bound: int, label: str) -> int:
+    """Largest batch ``b`` with ``fits(b)``: doubling from ``without``, at most ``bound``."""
     def ok(b: int) -> bool:
         if b <= without:
             return True
         t = time.perf_counter()
-        r = attempt(g, b, s, errors, **kw)
-        fits = r is not None and r.fits
-        log(f"  {tag} {s}: batch {b} {'fits' if fits else 'no fit'} "
+        good = fits(b)
+        log(f"  {label}: batch {b} {'fits' if good else 'no fit'} "
             f"({time.perf_counter() - t:.1f} s)")
-        return fits
+        return good
 
     top = min(bound, LIMIT)
     if top < 1:
         return 0
     i, _ = largest(ok, range(1, top + 1), max(min(without, top) - 1, 0))
     return i + 1
+
+
+def largest_batch(g, s: str, without: int, bound: int, errors: list, tag: str, **kw) -> int:
+    """Largest batch that fits with strategy ``s``: doubling from ``without``, <= ``bound``."""
+    def fits(b: int) -> bool:
+        r = attempt(g, b, s, errors, **kw)
+        return r is not None and r.fits
+
+    return _largest_fitting(fits, without, bound, f"{tag} {s}")
 
 
 def chen_fits(g, b: int, device: str) -> tuple[bool, object]:
@@ -154,20 +162,8 @@ def chen_fits(g, b: int, device: str) -> tuple[bool, object]:
 
 def chen_largest(g, device: str, without: int, bound: int, tag: str) -> int:
     """Largest batch where the sqrt(n) plan fits: doubling from ``without``, <= ``bound``."""
-    def ok(b: int) -> bool:
-        if b <= without:
-            return True
-        t = time.perf_counter()
-        fits = chen_fits(g, b, device)[0]
-        log(f"  {tag} {BASELINE}: batch {b} {'fits' if fits else 'no fit'} "
-            f"({time.perf_counter() - t:.1f} s)")
-        return fits
-
-    top = min(bound, LIMIT)
-    if top < 1:
-        return 0
-    i, _ = largest(ok, range(1, top + 1), max(min(without, top) - 1, 0))
-    return i + 1
+    return _largest_fitting(lambda b: chen_fits(g, b, device)[0], without, bound,
+                            f"{tag} {BASELINE}")
 
 
 def chen_overhead(g, b: int, device: str, link: str) -> float | None:
