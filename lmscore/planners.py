@@ -490,16 +490,14 @@ def decisions(chosen: Sequence[Option]) -> tuple[tuple[Swap, ...], tuple[Recompu
     swaps = []
     for tensor, group in by_tensor.items():
         group.sort(key=lambda o: o.lo)
-        swap_ins = []
-        for k, o in enumerate(group):
-            later = {c for g in group[k + 1:] for c in g.consumers}
-            swap_ins.append(SwapIn(tuple(c for c in o.consumers if c not in later),
-                                   o.trigger))
-        swaps.append(Swap(tensor, tuple(swap_ins)))
-    swaps = tuple(swaps)
+        # a later stretch's readers are among an earlier one's: the next one takes them
+        after = [set(g.consumers) for g in group[1:]] + [set()]
+        swaps.append(Swap(tensor, tuple(
+            SwapIn(tuple(c for c in o.consumers if c not in later), o.trigger)
+            for o, later in zip(group, after, strict=True))))
     recomputes = tuple(Recompute(o.tensor, o.ops, o.consumers, o.trigger)
                        for o in chosen if o.kind == "recompute")
-    return swaps, recomputes
+    return tuple(swaps), recomputes
 
 
 __all__ = ["MAX_CHAIN", "STRATEGIES", "Option", "Solution", "decisions", "options",
