@@ -787,16 +787,19 @@ def find_trigger(
             if p not in seen and lv[p] >= lowest:
                 seen.add(p)
                 stack.append(p)
-    safe: dict[int, list[int]] = {}
-    other: dict[int, list[int]] = {}
+    seen.discard(first)
+    at_level: dict[int, list[int]] = {}
     for i in seen:
-        if i != first and ordering.categories[i] in (FORWARD, BACKWARD):
-            (safe if control_safe(graph, i) else other).setdefault(lv[i], []).append(i)
+        at_level.setdefault(lv[i], []).append(i)
     order_of_levels = sorted(
         range(lowest, lv[first]), key=lambda level: (abs(level - target), level < target)
     )
+    # classified level by level, nearest first: the answer is nearly always at the first
+    # level or two, and the walk back can hold thousands of ops (DenseNet's backward pass)
+    cats = ordering.categories
     for level in order_of_levels:
-        at = safe.get(level) or (None if exact else other.get(level))
+        ops = [i for i in at_level.get(level, ()) if cats[i] in (FORWARD, BACKWARD)]
+        at = [i for i in ops if control_safe(graph, i)] or (None if exact else ops)
         if at:
             return graph.ops[min(at)].name
     return None
