@@ -348,7 +348,7 @@ def solve(
     cuts = sorted({0, n, *(o.lo for o in opts), *(o.hi + 1 for o in opts)})
     cuts = [c for c in cuts if 0 <= c <= n]
     seg_max = np.maximum.reduceat(live, cuts[:-1])
-    over = np.flatnonzero(seg_max > budget)
+    over = _dominant(seg_max, budget, cuts, opts)
     row_of = np.full(len(cuts) - 1, -1)
     row_of[over] = np.arange(len(over))
     seg_index = {c: k for k, c in enumerate(cuts)}
@@ -433,6 +433,39 @@ def solve(
     chosen = tuple(o for o, x in zip(opts, res.x, strict=True) if x > 0.5)
     return Solution(chosen, True, float(sum(o.seconds for o in chosen)), m + len(pairs),
                     len(opts), str(res.message), host_rows)
+
+
+def _dominant(seg_max: np.ndarray, budget: int, cuts: Sequence[int],
+              opts: Sequence[Option]) -> np.ndarray:
+    """The segments over ``budget`` whose memory rows no other row implies, in order.
+
+    A segment's row asks the options alive over it to free its excess. Where no option
+    ends between two segments, the later one has every option of the earlier one (and
+    maybe more): if its excess is no larger, the earlier row implies it. Likewise
+    backwards where no option starts. Dropping implied rows leaves the MILP's solutions
+    as they are, and on a DenseNet's backward pass it is most of the rows.
+    """
+    k = len(cuts) - 1
+    starts = np.zeros(k + 1, dtype=bool)
+    ends = np.zeros(k + 1, dtype=bool)
+    at = {c: j for j, c in enumerate(cuts)}
+    for o in opts:
+        starts[at[o.lo]] = True
+        ends[at[o.hi + 1]] = True
+    keep = seg_max > budget
+    for segs, cut_of, resets in ((range(k), lambda j: j, ends),
+                                 (range(k - 1, -1, -1), lambda j: j + 1, starts)):
+        best = -1  # largest excess kept since an option last ended (or, backwards, began)
+        for j in segs:
+            if resets[cut_of(j)]:
+                best = -1
+            if not keep[j]:
+                continue
+            if seg_max[j] <= best:
+                keep[j] = False
+            else:
+                best = seg_max[j]
+    return np.flatnonzero(keep)
 
 
 def _uncovered(opts: Sequence[Option], live: np.ndarray, budget: int) -> int:
