@@ -24,7 +24,7 @@ from lmscore.errors import LmsError
 
 from . import compare_panel, edits, files, rendering, tuning
 from .edits import Update
-from .state import AppContext, ServerBusy
+from .state import TAB_CLAIM_JS, AppContext, ServerBusy
 
 _log = logging.getLogger("lmsviz")
 
@@ -113,6 +113,15 @@ def register(app: dash.Dash, state: AppContext) -> None:
         msg = (r.message, "message error") if r.message else (no_update, no_update)
         return (r.figure, r.note, r.summary, r.rows, r.row_styles, r.caption, r.editor,
                 r.groups, r.recomputes, r.rendered, *msg)
+
+    # a duplicated tab takes a new id in the browser, then gets a copy of the old one's plans
+    app.clientside_callback(TAB_CLAIM_JS, Output("st-tab", "data"), Output("st-fork", "data"),
+                            Input("st-tab", "data"))
+
+    @app.callback(Input("st-fork", "data"), prevent_initial_call=True)
+    def _fork(fork: Any) -> None:
+        if isinstance(fork, dict):
+            state.fork_tab(fork.get("from"), fork.get("to"))
 
     @app.callback(
         Output("studio", "figure", allow_duplicate=True),

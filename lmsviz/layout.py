@@ -294,6 +294,7 @@ def build(app: AppContext, session: dict[str, Any], rendered: Any,
         dcc.Store(id="st-history", storage_type="session", data=session["history"]),
         # the tab's id: a reloaded tab keeps the one in its session storage
         dcc.Store(id="st-tab", storage_type="session", data=session["tab"]),
+        dcc.Store(id="st-fork"),  # a duplicated tab's old and new id (TAB_CLAIM_JS)
         dcc.Store(id="st-rendered", data=rendered.rendered),
         dcc.Store(id="st-tune"),
         dcc.Store(id="graph-gate"),

@@ -30,6 +30,7 @@ import os
 import pathlib
 import re
 import secrets
+import shutil
 import tempfile
 import threading
 import time
@@ -487,6 +488,30 @@ class AppContext:
         except (OSError, UnicodeDecodeError):
             return None
 
+    def fork_tab(self, old: str, new: str) -> bool:
+        """Give tab ``new`` a copy of tab ``old``'s plans and undo texts.
+
+        A browser's "duplicate tab" copies the tab's session storage, its id included; the
+        page then takes a new id (:data:`TAB_CLAIM_JS`) and asks for this copy, so the
+        duplicate starts where the original was and each edits only its own folder.
+
+        Returns
+        -------
+        bool
+            Whether the copy was made (False for ids that are not tab ids, the same id
+            twice, or a data directory that cannot be written: the duplicate then starts
+            without the undo texts).
+        """
+        if not (valid_tab(old) and valid_tab(new)) or old == new:
+            return False
+        source, target = self.plans_dir / old, self.plans_dir / new
+        try:
+            if source.is_dir() and not target.exists():
+                shutil.copytree(source, target)
+        except OSError:
+            return False
+        return True
+
     def forget_versions(self, tab: str, digests: set[str]) -> None:
         """Delete the tab's kept plan texts of ``digests`` (its history dropped them)."""
         if not valid_tab(tab):
@@ -510,6 +535,49 @@ def valid_tab(tab: Any) -> bool:
 def new_tab_id() -> str:
     """A random id for a new browser tab (kept in its session storage)."""
     return secrets.token_hex(16)
+
+
+#: The page's claim on its tab id, run when the id is read from session storage. A
+#: duplicated tab has the original's session storage, id included: the page asks the
+#: app's other tabs of this browser (a ``BroadcastChannel``: in the browser, this origin
+#: only) whether one holds the id; if one answers within 250 ms, it makes itself a new id
+#: and answers it, with ``{"from": old, "to": new}`` for the server to copy the old tab's
+#: plans (:meth:`AppContext.fork_tab`). Without ``BroadcastChannel`` nothing changes.
+TAB_CLAIM_JS = """
+function(tab) {
+    const none = [window.dash_clientside.no_update, window.dash_clientside.no_update];
+    if (typeof tab !== "string" || typeof BroadcastChannel === "undefined") { return none; }
+    let s = window.lmsTabs;
+    if (!s) {
+        s = window.lmsTabs = {held: new Set(), asking: {}, chan: new BroadcastChannel("lms-tabs")};
+        s.chan.onmessage = function(e) {
+            const m = e.data || {};
+            if (m.ask && (s.held.has(m.ask) || s.asking[m.ask])) {
+                s.chan.postMessage({taken: m.ask, nonce: m.nonce});
+            } else if (m.taken && s.asking[m.taken] === m.nonce) {
+                s.asking[m.taken] = "taken";
+            }
+        };
+    }
+    if (s.held.has(tab) || s.asking[tab]) { return none; }
+    const nonce = Math.random().toString(36).slice(2);
+    s.asking[tab] = nonce;
+    s.chan.postMessage({ask: tab, nonce: nonce});
+    return new Promise(function(resolve) {
+        setTimeout(function() {
+            const taken = s.asking[tab] === "taken";
+            delete s.asking[tab];
+            if (!taken) { s.held.add(tab); resolve(none); return; }
+            const bytes = new Uint8Array(16);
+            window.crypto.getRandomValues(bytes);
+            const fresh = Array.from(bytes, function(b) {
+                return b.toString(16).padStart(2, "0"); }).join("");
+            s.held.add(fresh);
+            resolve([fresh, {from: tab, to: fresh}]);
+        }, 250);
+    });
+}
+"""
 
 
 def new_context(

@@ -11,6 +11,7 @@ and that another tab does not see it. Screenshots of the main states go to
 from __future__ import annotations
 
 import io
+import json
 import os
 import pathlib
 import shutil
@@ -495,6 +496,51 @@ def test_a_reload_keeps_the_work_and_another_tab_does_not_see_it(browser: Any, s
     browser.close()
     browser.switch_to.window(first)
     assert "lstm.pb" in text(browser, "sum-graph")
+    assert not severe_logs(browser)
+
+
+def session_storage(driver: Any) -> dict[str, str]:
+    """Everything in the page's session storage (what a duplicated tab starts with)."""
+    return driver.execute_script(
+        "const o = {}; for (let i = 0; i < sessionStorage.length; i++) {"
+        " const k = sessionStorage.key(i); o[k] = sessionStorage.getItem(k); } return o;")
+
+
+def test_a_duplicated_tab_takes_its_own_id_and_a_copy_of_the_plans(
+        browser: Any, server: str, app_server: Server) -> None:
+    first = browser.current_window_handle
+    original = session_storage(browser)
+    tab = json.loads(original["st-tab"])
+    swapped = text(browser, "sum-swapped")
+    plans = app_server.data / "plans" / tab
+    saved = {p.name: p.read_bytes() for p in plans.glob("*.json")}
+    assert saved, "the original tab saved its plan"
+    # what the browser's "duplicate tab" does: a new tab with the other's session storage
+    browser.switch_to.new_window("tab")
+    browser.get(server)
+    wait(browser, lambda: "mlp.pb" in text(browser, "sum-graph"), msg="a new tab")
+    browser.execute_script("sessionStorage.clear(); for (const [k, v] of Object.entries("
+                           "arguments[0])) { sessionStorage.setItem(k, v); }", original)
+    browser.refresh()
+    wait(browser, lambda: "lstm.pb" in text(browser, "sum-graph")
+         and text(browser, "sum-swapped") == swapped, msg="the duplicate shows the original")
+    wait(browser, lambda: json.loads(session_storage(browser)["st-tab"]) != tab,
+         msg="the duplicate takes an id of its own")
+    own = json.loads(session_storage(browser)["st-tab"])
+    wait(browser, lambda: (app_server.data / "plans" / own).is_dir(),
+         msg="the server copies the original's plans for the duplicate")
+    apply_knobs(browser, 3, 9)  # an edit in the duplicate...
+    wait(browser, lambda: any(p.read_bytes() not in saved.values()
+                              for p in (app_server.data / "plans" / own).glob("*.json")),
+         msg="the duplicate saves its own plan")
+    # ...leaves the original's saved plans as they were
+    assert {p.name: p.read_bytes() for p in plans.glob("*.json")} == saved
+    browser.close()
+    browser.switch_to.window(first)
+    browser.refresh()
+    wait(browser, lambda: "lstm.pb" in text(browser, "sum-graph")
+         and text(browser, "sum-swapped") == swapped, msg="the original keeps its plan")
+    assert json.loads(session_storage(browser)["st-tab"]) == tab
     assert not severe_logs(browser)
 
 

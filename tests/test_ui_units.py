@@ -980,3 +980,22 @@ def test_old_tabs_plans_are_pruned_when_the_server_starts(tmp_path):
     state.new_context("mlp", None, data_dir=tmp_path, upload_cap_bytes=2**20)
     assert sorted(p.name for p in plans.iterdir()) == sorted([recent, "not-a-tab"])
     assert (plans / recent / "history" / "a.json").exists()
+
+
+def test_a_forked_tab_gets_a_copy_of_the_plans_and_nothing_else(tmp_path):
+    ctx = state.new_context("mlp", None, data_dir=tmp_path, upload_cap_bytes=2**20)
+    old, new = state.new_tab_id(), state.new_tab_id()
+    ctx.save_plan(old, "f1ccc76a51fbaa0e", '{"plan": 1}')
+    assert ctx.keep_version(old, "a" * 64, '{"plan": 0}')
+    assert ctx.fork_tab(old, new)
+    assert (ctx.plans_dir / new / "f1ccc76a51fbaa0e.json").read_text() == '{"plan": 1}'
+    assert ctx.version(new, "a" * 64) == '{"plan": 0}'
+    ctx.save_plan(new, "f1ccc76a51fbaa0e", '{"plan": 2}')  # the copy is the new tab's own
+    assert (ctx.plans_dir / old / "f1ccc76a51fbaa0e.json").read_text() == '{"plan": 1}'
+    # an existing folder is never overwritten; ids that are not tab ids copy nothing
+    assert ctx.fork_tab(old, new)
+    assert (ctx.plans_dir / new / "f1ccc76a51fbaa0e.json").read_text() == '{"plan": 2}'
+    assert not ctx.fork_tab(old, old)
+    assert not ctx.fork_tab("../" + old, state.new_tab_id())
+    assert not ctx.fork_tab(old, "../escape")
+    assert sorted(p.name for p in ctx.plans_dir.iterdir()) == sorted([old, new])
