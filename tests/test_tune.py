@@ -179,3 +179,27 @@ def test_the_bound_never_exceeds_the_unplanned_peak(name, batch):
     sim = simulate(g, batch)
     r = tune(g, batch, sim.worst_peak_bytes, safety=1.0)
     assert r.fits and r.min_peak_bytes <= sim.worst_peak_bytes
+
+
+@pytest.mark.parametrize(("name", "batch", "verified"), [("resnet50", 706, 0), ("unet3d", 150, 1)])
+def test_hybrid_verifies_the_knob_plan_only_when_it_could_win(monkeypatch, name, batch,
+                                                              verified):
+    """The knobs' plan is simulated in full only when the time model puts it ahead."""
+    import importlib
+
+    import lmscore
+    from lmscore.samples import sample_dir
+
+    tune_module = importlib.import_module("lmscore.tune")  # lmscore.tune is also the function
+    g = lmscore.load(sample_dir() / f"{name}.pb")
+    calls = []
+    real = tune_module._verify
+    monkeypatch.setattr(tune_module, "_verify", lambda *a: calls.append(1) or real(*a))
+    hybrid = tune(g, batch, device="V100", link="nvlink2")
+    assert len(calls) == verified
+    monkeypatch.setattr(tune_module, "_verify", real)
+    knobs = tune(g, batch, device="V100", link="nvlink2", strategy="knobs")
+    assert hybrid.fits and knobs.fits
+    assert hybrid.predicted_step_seconds <= knobs.predicted_step_seconds
+    # unet3d at 150: the knobs' plan wins (6.7% against the per-tensor plan's more)
+    assert (hybrid.knobs.get("threshold") is not None) == (verified == 1)
