@@ -541,8 +541,10 @@ def new_tab_id() -> str:
 #: duplicated tab has the original's session storage, id included: the page asks the
 #: app's other tabs of this browser (a ``BroadcastChannel``: in the browser, this origin
 #: only) whether one holds the id; if one answers within 250 ms, it makes itself a new id
-#: and answers it, with ``{"from": old, "to": new}`` for the server to copy the old tab's
-#: plans (:meth:`AppContext.fork_tab`). Without ``BroadcastChannel`` nothing changes.
+#: (32 random hex digits, as :func:`new_tab_id`; the server checks it with
+#: :func:`valid_tab`) and answers it, with ``{"from": old, "to": new}`` for the server to
+#: copy the old tab's plans (:meth:`AppContext.fork_tab`). Without ``BroadcastChannel``
+#: nothing changes.
 TAB_CLAIM_JS = """
 function(tab) {
     const none = [window.dash_clientside.no_update, window.dash_clientside.no_update];

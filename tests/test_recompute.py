@@ -219,16 +219,16 @@ def test_implied_memory_rows_are_dropped_exactly():
     # segments [0,2) and [2,4). Forwards, no option ends at 2 and segment 1's excess (7)
     # is larger: kept. Backwards, b starts at 2: segment 0 is not implied either.
     a, b = _option("a", 0, 3, 10, 1.0), _option("b", 2, 3, 10, 1.0)
-    seg_max = np.array([9, 12])
-    assert planners._dominant(seg_max, 5, [0, 2, 4], [a, b]).tolist() == [0, 1]
+    seg_max, at = np.array([9, 12]), {0: 0, 2: 1, 4: 2}  # cut -> its index
+    assert planners._dominant(seg_max, 5, at, [a, b]).tolist() == [0, 1]
     # 12 then 9: segment 1 has a's and b's bytes for a smaller excess: implied by segment 0
-    assert planners._dominant(np.array([12, 9]), 5, [0, 2, 4], [a, b]).tolist() == [0]
+    assert planners._dominant(np.array([12, 9]), 5, at, [a, b]).tolist() == [0]
     # a alone over both: the row of the larger excess implies the other, whichever is first
-    assert planners._dominant(np.array([9, 10]), 5, [0, 2, 4], [a]).tolist() == [1]
-    assert planners._dominant(np.array([10, 9]), 5, [0, 2, 4], [a]).tolist() == [0]
+    assert planners._dominant(np.array([9, 10]), 5, at, [a]).tolist() == [1]
+    assert planners._dominant(np.array([10, 9]), 5, at, [a]).tolist() == [0]
     # with b ending at 1 instead, segment 1 loses b: no longer implied
     b1 = _option("b", 0, 1, 10, 1.0)
-    assert planners._dominant(np.array([12, 9]), 5, [0, 2, 4], [a, b1]).tolist() == [0, 1]
+    assert planners._dominant(np.array([12, 9]), 5, at, [a, b1]).tolist() == [0, 1]
 
 
 @settings(max_examples=80, deadline=None)
@@ -241,7 +241,8 @@ def test_the_memory_rows_solve_keeps_imply_every_row(raw, live, budget):
     live = np.array(live)
     cuts = sorted({0, 9, *(o.lo for o in opts), *(o.hi + 1 for o in opts)})
     seg_max = np.maximum.reduceat(live, cuts[:-1])
-    kept = set(planners._dominant(seg_max, budget, cuts, opts).tolist())
+    at = {c: j for j, c in enumerate(cuts)}
+    kept = set(planners._dominant(seg_max, budget, at, opts).tolist())
     over = set(np.flatnonzero(seg_max > budget).tolist())
     assert kept <= over
 
