@@ -483,7 +483,7 @@ def _uncovered(opts: Sequence[Option], live: np.ndarray, budget: int) -> int:
     for o in opts:
         key = o.buffer or o.tensor
         by_buffer.setdefault(key, []).append((o.lo, o.hi))
-        size[key] = o.bytes
+        size[key] = max(size.get(key, 0), o.bytes)  # a relaxation: the most any frees
     for key, spans in by_buffer.items():
         spans.sort()
         lo, hi = spans[0]

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from graphs import long_edge, t
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from lmscore import planners
@@ -198,6 +198,9 @@ def test_a_recomputation_reads_its_input_before_any_of_its_swaps():
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 8), st.integers(0, 3),
                           st.integers(1, 6), st.booleans()), min_size=1, max_size=8),
        st.lists(st.integers(0, 20), min_size=9, max_size=9), st.integers(0, 12))
+# options of one tensor that free different bytes: the proof must count the most of them
+@example(raw=[(0, 1, 0, 1, False), (0, 1, 2, 2, False), (0, 1, 0, 1, False)],
+         live=[0, 0, 0, 13, 0, 0, 0, 0, 0], budget=11)
 def test_the_quick_infeasibility_proof_agrees_with_highs(raw, live, budget):
     opts = [Option(f"t{k}", "swap" if swap else "recompute", lo, min(8, lo + span), nbytes,
                    0.1, ("c",), "t", ()) for k, lo, span, nbytes, swap in raw]
