@@ -15,8 +15,10 @@ Two strategies search the TFLMS v2 knobs:
 Three plan per tensor (:mod:`lmscore.planners`, a MILP solved by HiGHS): ``swap``,
 ``recompute``, and ``hybrid``, the default, which may do either for each tensor and keeps
 its plan, the ``swap`` plan, the ``recompute`` plan or the ``knobs`` plan, whichever is
-predicted faster among those that fit. Where no plan fits in the executor's order, the
-per-tensor planners plan again in a memory-aware one (:mod:`lmscore.schedule`).
+predicted faster among those that fit (the one-kind plans are planned only when they may
+win: the MILP's plan does not fit, or costs more than the MILP predicted). Where no plan
+fits in the executor's order, the per-tensor planners plan again in a memory-aware one
+(:mod:`lmscore.schedule`).
 
 The time model: op time = max(FLOPs / peak FLOP/s, bytes / memory bandwidth) on a device
 preset, plus a launch cost; a transfer takes bytes / link bandwidth on one copy queue per
@@ -97,7 +99,9 @@ class TuneResult:
     bound_op : str
         The op that sets that bound.
     knobs : dict
-        The knobs of a TFLMS plan; the size of the MILP of a per-tensor plan.
+        The knobs of a TFLMS plan; for a per-tensor plan, the size of the MILP
+        (``options``, ``rows``), how many solves it took (``attempts``) and the cost in
+        seconds its last solve predicted (``milp_seconds``).
     recomputed_tensors : int
     host_limit_bytes : int
         Host memory the plan's swapped tensors may hold at once.
@@ -472,7 +476,9 @@ def tune(
         ``hybrid`` (the default; ``"default"`` is the same) plans per tensor, swap or
         recompute (:mod:`lmscore.planners`), and keeps that plan or the ``knobs`` one,
         whichever is predicted faster among those that fit (when its own does not fit,
-        the ``swap`` and ``recompute`` plans are candidates too); ``swap`` and
+        or when the best of them costs more than the MILP predicted by over
+        :data:`MODEL_SLACK` of the step, the ``swap`` and ``recompute`` plans are
+        candidates too); ``swap`` and
         ``recompute`` plan per tensor with one kind of option only; ``knobs`` searches
         TFLMS's knobs with the time model; ``tflms`` is TFLMS's own greedy search on
         memory.
@@ -543,17 +549,41 @@ def tune(
     per = _per_tensor(strategy, *args)
     if strategy != "hybrid":
         return per
-    # the MILP's model errs (the clones' intermediate buffers, the link's queue): when
-    # its plan does not fit, swaps alone and recomputations alone are candidates too (when
-    # it fits, its MILP had their plans to choose from); the knobs always are, since
-    # their plans are not among the MILP's options. All share one context.
+    # The knobs' plans are not among the MILP's options: they are always candidates.
     knob = _knob_search("knobs", *args, beat=per.predicted_step_seconds if per.fits else None)
-    plans: tuple[TuneResult, ...] = (per,) if knob is None else (per, knob)
-    if not per.fits:
-        plans += (_per_tensor("swap", *args), _per_tensor("recompute", *args))
-    best = min(plans, key=lambda r: (not r.fits, r.predicted_step_seconds
-                                     if r.fits else r.predicted_peak_bytes))
+    best = _best((per,) if knob is None else (per, knob))
+    # The MILP's model errs (the clones' intermediate buffers; the link's queue, since it
+    # costs each swap as if it had the link alone). Swaps alone and recomputations alone
+    # are candidates too when its plan does not fit, or when the best plan in hand costs
+    # more than the MILP's optimum predicted: their MILPs, over fewer options, predict no
+    # less, but may be the ones whose predictions hold. All share one context.
+    if not per.fits or _costs_more_than_solved(best, per, base_seconds):
+        best = _best((best, _per_tensor("swap", *args), _per_tensor("recompute", *args)))
     return replace(best, strategy="hybrid", evaluations=ctx.evaluations)
+
+
+def _best(results: tuple[TuneResult, ...]) -> TuneResult:
+    """The quickest of the plans that fit, else the one with the smallest peak."""
+    return min(results, key=lambda r: (not r.fits, r.predicted_step_seconds
+                                       if r.fits else r.predicted_peak_bytes))
+
+
+#: Step time a per-tensor plan may cost beyond its MILP's prediction before the plans of one
+#: kind of option are tried too (a fraction of the unplanned step's time).
+MODEL_SLACK = 0.01
+
+
+def _costs_more_than_solved(best: TuneResult, per: TuneResult, base_seconds: float) -> bool:
+    """Whether ``best`` costs more than the per-tensor MILP's optimum ``per`` predicted.
+
+    By more than :data:`MODEL_SLACK` of the step: below that, another plan could gain the
+    user nothing worth another solve.
+    """
+    solved = per.knobs.get("milp_seconds")
+    if solved is None:
+        return False
+    extra = best.predicted_step_seconds - base_seconds
+    return extra - solved > MODEL_SLACK * base_seconds
 
 
 def _knob_search(strategy, graph, batch_size, ctx, budget, memory, safety, workspace,
@@ -789,7 +819,8 @@ def _solve_and_check(strategy, graph, batch, ctx, schedule, budget, memory, safe
         ev = evaluate_plan(graph, plan, batch, workspace=workspace, before=before,
                            sizes=ctx.sizes)
         seconds = _seconds(ctx, ev.plan)
-        knobs = {"options": len(opts), "rows": sol.rows, "attempts": attempt + 1}
+        knobs = {"options": len(opts), "rows": sol.rows, "attempts": attempt + 1,
+                 "milp_seconds": sol.seconds}
         if ev.fits(memory, safety, ctx.host_limit):
             return (ev, seconds, True), knobs
         if best is None or ev.after.worst_peak_bytes < best[0].after.worst_peak_bytes:
