@@ -638,35 +638,37 @@ def _buffers(
     data_in = adj.data_in
     for i in ordering.schedule:
         op = ops[i]
-        ins = data_in[i]
-        if needed[i]:
-            for t in ins:
-                readers[owner[t]].append(i)
         op_type = op.type
+        n_out = len(op.outputs)
+        if needed[i]:
+            for t in data_in[i]:
+                readers[owner[t]].append(i)
+        elif op_type not in FEED_OPS and op_type not in VARIABLE_OPS:
+            for port in range(n_out):
+                owner[(i, port)] = new_buffer((i, port), "pruned")
+            continue
+        if op_type in FEED_OPS:  # (no feed, variable or constant is a view)
+            for port, spec in enumerate(op.outputs):
+                resource = spec.dtype == "resource"
+                owner[(i, port)] = new_buffer((i, port), "persistent" if resource else "feed")
+                if not resource:
+                    feeds += max(nbytes[i][port], 0)
+            continue
+        if op_type in VARIABLE_OPS or op_type == "Const":
+            for port in range(n_out):
+                owner[(i, port)] = new_buffer((i, port), "persistent")
+                if op_type == "Const":
+                    persistent += max(nbytes[i][port], 0)
+            continue
         may_view = op_type in _VIEW_TYPES
         may_forward = op_type in _FORWARD_TYPES
-        for port, spec in enumerate(op.outputs):
+        for port in range(n_out):
             t = (i, port)
-            if not needed[i] and op_type not in FEED_OPS and op_type not in VARIABLE_OPS:
-                owner[t] = new_buffer(t, "pruned")
-                continue
             src = _view_of(graph, sizes, i, port) if may_view else None
             if src is not None:
-                owner[t] = owner[src]
-                members[owner[t]].append(t)
-                note_readers(owner[t], t)
-                continue
-            if op.type in FEED_OPS:
-                owner[t] = new_buffer(t, "persistent" if spec.dtype == "resource" else "feed")
-                if spec.dtype != "resource":
-                    feeds += max(nbytes[i][port], 0)
-                continue
-            if op.type in VARIABLE_OPS:
-                owner[t] = new_buffer(t, "persistent")
-                continue
-            if op.type == "Const":
-                owner[t] = new_buffer(t, "persistent")
-                persistent += max(nbytes[i][port], 0)
+                b = owner[t] = owner[src]
+                members[b].append(t)
+                note_readers(b, t)
                 continue
             b = _forwardable(graph, sizes, pos, i, port, owner, kind, latest) if (
                 may_forward) else None
@@ -681,20 +683,25 @@ def _buffers(
         if kind[b] != "transient":
             continue
         rs = readers[b]
+        # Appended in schedule order, and an op's reads of one buffer one after the other.
         if len(rs) > 1:
-            rs = sorted(set(rs), key=pos.__getitem__)
+            rs = list(dict.fromkeys(rs))
+            end = max([level[r] for r in rs])
+        else:
+            end = level[rs[0]] if rs else level[p]
         op = ops[p]
+        views = members[b]
         out.append(Buffer(
             tensor=f"{op.name}:{port}",
             bytes=max(nbytes[p][port], 0),
             start=level[p],
-            end=max([level[r] for r in rs], default=level[p]),
+            end=end,
             producer=p,
             readers=tuple(rs),
             host=host_op(op.device, dict(op.attrs)),
             first=pos[p],
-            last=pos[rs[-1]] if rs else pos[p],  # rs is in schedule order
-            views=tuple([f"{ops[q].name}:{k}" for q, k in members[b][1:]]),
+            last=pos[rs[-1]] if rs else pos[p],
+            views=tuple([f"{ops[q].name}:{k}" for q, k in views[1:]]) if len(views) > 1 else (),
         ))
     return out, persistent, feeds
 
@@ -777,38 +784,33 @@ def _update_copies(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffe
     adj = graph.adjacency
     needed = ordering.needed
     pos = ordering.position
-    # Root read of every tensor that is a view of a ReadVariableOp output, and the
-    # schedule position of the last reader over all views of each read.
-    root: dict[tuple[int, int], int] = {}
-    last: dict[int, int] = {}
-    for i in ordering.schedule:
-        op = ops[i]
-        if op.type != "ReadVariableOp" and (op.type not in _VIEW_TYPES or not any(
-            t in root for t in adj.data_in[i]
-        )):
-            continue  # a view is of one of the op's inputs: none is a read's
-        for port in range(len(op.outputs)):
-            if op.type == "ReadVariableOp":
-                r = i
-            else:
-                src = _view_of(graph, sizes, i, port)
-                r = root.get(src, -1) if src is not None else -1
-            if r < 0:
-                continue
-            root[(i, port)] = r
-            for c in adj.consumers.get((i, port), ()):
-                if needed[c]:
-                    last[r] = max(last.get(r, pos[r]), pos[c])
+    data_in = adj.data_in
+    # Most ops are neither reads nor updates: find the op types that are, once each.
+    writes = {t for t in {op.type for op in ops} if _is_update(t)}
     reads: dict[tuple[int, int], list[int]] = {}
     updates: dict[tuple[int, int], list[int]] = {}
-    for i, ins in enumerate(adj.data_in):
-        if not ins or not needed[i]:
-            continue
-        t = ops[i].type
-        if t == "ReadVariableOp":
-            reads.setdefault(ins[0], []).append(i)
-        elif _is_update(t):
-            updates.setdefault(ins[0], []).append(i)
+    for i, op in enumerate(ops):
+        t = op.type
+        if (t == "ReadVariableOp" or t in writes) and data_in[i] and needed[i]:
+            (reads if t == "ReadVariableOp" else updates).setdefault(data_in[i][0], []).append(i)
+    # The schedule position of the last reader over all views of each read of a variable
+    # that some update writes: views are followed from the read down its readers.
+    last: dict[int, int] = {}
+    consumers = adj.consumers
+    for var in updates:
+        for r in reads.get(var, ()):
+            end = pos[r]
+            stack = [(r, 0)]
+            while stack:
+                tensor = stack.pop()
+                for c in set(consumers.get(tensor, ())):  # once per reader: views form a tree
+                    if not needed[c]:
+                        continue
+                    end = max(end, pos[c])
+                    if ops[c].type in _VIEW_TYPES:
+                        stack.extend((c, k) for k in range(len(ops[c].outputs))
+                                     if _view_of(graph, sizes, c, k) == tensor)
+            last[r] = end
     out = []
     for var, ups in updates.items():
         size = sizes.variable_bytes.get(ops[var[0]].name, -1)
@@ -1255,20 +1257,23 @@ def _forwardable(
     if out_shape is None or -1 in out_shape:
         return None
     ins = graph.adjacency.data_in[i]
+    shapes = sizes.shapes
+    ops = graph.ops
     me = pos[i]
+    held = [owner[s] for s in ins]
     for k in candidates if candidates is not None else range(len(ins)):
         if k >= len(ins):
             continue
-        src = ins[k]
-        b = owner[src]
+        b = held[k]
         if kind[b] != "transient":
             continue
-        p, pt = src
-        if sizes.shapes[p][pt] != out_shape or graph.ops[p].outputs[pt].dtype != out_dtype:
+        p, pt = ins[k]
+        if shapes[p][pt] != out_shape or ops[p].outputs[pt].dtype != out_dtype:
             continue
-        if sum(1 for s in ins if owner[s] == b) > 1:
+        if held.count(b) > 1:
             continue
-        other = next((p for p, c in latest[b] if c != i), -1)  # latest reader but i
+        top = latest[b]  # the two latest readers, latest first: the latest but i
+        other = top[0][0] if top and top[0][1] != i else top[1][0] if len(top) > 1 else -1
         if other < me:
             return b
     return None
