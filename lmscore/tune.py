@@ -820,7 +820,7 @@ def _solve_and_check(strategy, graph, batch, ctx, schedule, budget, memory, safe
                            sizes=ctx.sizes)
         seconds = _seconds(ctx, ev.plan)
         knobs = {"options": len(opts), "rows": sol.rows, "attempts": attempt + 1,
-                 "milp_seconds": sol.seconds}
+                 "milp_seconds": round(float(sol.seconds), 6)}
         if ev.fits(memory, safety, ctx.host_limit):
             return (ev, seconds, True), knobs
         if best is None or ev.after.worst_peak_bytes < best[0].after.worst_peak_bytes:
