@@ -478,10 +478,9 @@ def tune(
         whichever is predicted faster among those that fit (when its own does not fit,
         or when the best of them costs more than the MILP predicted by over
         :data:`MODEL_SLACK` of the step, the ``swap`` and ``recompute`` plans are
-        candidates too); ``swap`` and
-        ``recompute`` plan per tensor with one kind of option only; ``knobs`` searches
-        TFLMS's knobs with the time model; ``tflms`` is TFLMS's own greedy search on
-        memory.
+        candidates too); ``swap`` and ``recompute`` plan per tensor with one kind of
+        option only; ``knobs`` searches TFLMS's knobs with the time model; ``tflms`` is
+        TFLMS's own greedy search on memory.
     workspace : str
         Kernel workspace model of the simulator (:data:`lmscore.memory.WORKSPACES`):
         ``"accelerator"`` for a GPU, ``"cpu"`` for the emulated accelerator on this CPU.
