@@ -610,11 +610,15 @@ def candidates(
     ordering = order(graph)
     lv = ordering.levels
     adj = graph.adjacency
+    consumers = adj.consumers
     out = []
     for i, op in enumerate(graph.ops):
         for port in range(len(op.outputs)):
-            readers = adj.consumers.get((i, port))
-            if not readers or not all(p(graph, ordering, sizes, i, port) for p in predicates):
+            readers = consumers.get((i, port))
+            # the distance first: it rules out most tensors, and costs less than a predicate
+            if not readers or max([lv[c] for c in readers]) - lv[i] <= threshold:
+                continue
+            if not all(p(graph, ordering, sizes, i, port) for p in predicates):
                 continue
             far = sorted(
                 {c for c in readers
