@@ -11,6 +11,8 @@ has ``batch * 128`` rows. Rules, first match wins for each unknown dimension:
 4. an input of the same rank whose recorded dimension at that position was also
    unknown and is now resolved (elementwise ops, convolutions, matmuls...);
 5. ``Reshape``-like ops with one unknown dimension left: the element count of the input;
+   ``SpaceToBatchND`` / ``BatchToSpaceND`` (dilated convolutions): the input's first
+   dimension times / divided by the block's size (before rule 4, which would copy it);
 6. otherwise, an unknown leading dimension of a tensor computed from the feeds is taken
    as the batch size; these guesses are counted in :attr:`Sizes.assumed`.
 
@@ -790,6 +792,8 @@ def _shape_from_values(
         return v(1 if t == "BroadcastTo" else 0)
     if t == "Fill" and v(0) is not None:
         return v(0)
+    if t in ("SpaceToBatchND", "BatchToSpaceND") and len(ins) == 3:
+        return _space_batch(t, in_shape(0), v(1), v(2), op.outputs[0].shape)
     if t in ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3") and len(ins) >= 2:
         a, b = in_shape(0), in_shape(1)
         if not (_known(a) and _known(b)) or len(a) < 2 or len(b) < 2:
@@ -804,6 +808,46 @@ def _shape_from_values(
         batch_b = (1,) * (n - len(batch_b)) + batch_b
         return tuple(max(x, y) for x, y in zip(batch_a, batch_b, strict=True)) + (rows, cols)
     return None
+
+
+def _space_batch(
+    op_type: str, src: tuple[int, ...] | None, block: tuple[int, ...] | None,
+    pads: tuple[int, ...] | None, recorded: tuple[int, ...] | None,
+) -> tuple[int, ...] | None:
+    """Output shape of ``SpaceToBatchND`` / ``BatchToSpaceND`` (a dilated convolution).
+
+    Their first dimension is the input's times (or divided by) the block's size, not the
+    input's: rule 4 would size a dilation-8 convolution's tensors 8 times too small.
+    ``pads`` (paddings or crops, ``[start, end]`` per block dimension) may be unknown; the
+    recorded spatial dimensions serve then.
+
+    >>> _space_batch("SpaceToBatchND", (4, 100, 16), (8,), (0, 4), None)
+    (32, 13, 16)
+    >>> _space_batch("BatchToSpaceND", (32, 13, 16), (8,), (0, 4), (-1, 100, 16))
+    (4, 100, 16)
+    >>> _space_batch("BatchToSpaceND", (30, 13, 16), (8,), None, (-1, 100, 16)) is None
+    True
+    """
+    if not _known(src) or block is None or not block or min(block) < 1 or len(src) <= len(block):
+        return None
+    m, k = len(block), math.prod(block)
+    if op_type == "SpaceToBatchND":
+        first = src[0] * k
+    elif src[0] % k == 0:
+        first = src[0] // k
+    else:
+        return None
+    if pads is not None and len(pads) == 2 * m:
+        if op_type == "SpaceToBatchND":
+            spatial = [(src[1 + j] + pads[2 * j] + pads[2 * j + 1]) // block[j] for j in range(m)]
+        else:
+            spatial = [src[1 + j] * block[j] - pads[2 * j] - pads[2 * j + 1] for j in range(m)]
+    elif recorded is not None and len(recorded) == len(src):
+        spatial = list(recorded[1:1 + m])
+    else:
+        return None
+    out = (first, *spatial, *src[1 + m:])
+    return out if min(out) >= 0 else None
 
 
 # --- While loops: the body as a graph of its own ------------------------------------------

@@ -161,6 +161,26 @@ def test_reshape_of_batch_uses_element_count():
     assert s.assumed == ()
 
 
+def test_dilated_convolution_has_batch_times_dilation_rows():
+    """SpaceToBatchND multiplies the unknown batch by the block, BatchToSpaceND divides."""
+    f = "float"
+    ops = (
+        Op("x", "Placeholder", outputs=t(f, -1, 100, 8)),
+        Op("block", "Const", outputs=t("int32", 1), attrs={"value": (4,)}),
+        Op("pad", "Const", outputs=t("int32", 1, 2), attrs={"value": (2, 2)}),
+        Op("s2b", "SpaceToBatchND", inputs=("x:0", "block:0", "pad:0"), outputs=t(f, -1, 26, 8)),
+        Op("relu", "Relu", inputs=("s2b:0",), outputs=t(f, -1, 26, 8)),
+        Op("crop", "Const", outputs=t("int32", 1, 2), attrs={"value": (2, 2)}),
+        Op("b2s", "BatchToSpaceND", inputs=("relu:0", "block:0", "crop:0"),
+           outputs=t(f, -1, 100, 8)),
+    )
+    s = resolve(Graph(ops), 3)
+    assert s.shapes[3] == ((12, 26, 8),)
+    assert s.shapes[4] == ((12, 26, 8),)
+    assert s.shapes[6] == ((3, 100, 8),)
+    assert s.nbytes[3] == (12 * 26 * 8 * 4,)
+
+
 def test_unknown_sizes_are_counted_not_sized_one():
     ops = (
         Op("x", "Placeholder", outputs=t("float", -1, 5, -1)),

@@ -1,8 +1,14 @@
-"""Resolved shapes agree with TensorFlow's own shape inference at a concrete batch size."""
+"""Resolved shapes agree with TensorFlow's own shape inference at a concrete batch size.
+
+On the samples and on the zoo's steps traced with an unknown batch: the step is imported
+with its feeds' batch dimension fixed and its recorded shapes dropped, and TensorFlow's
+shapes are compared with what :func:`lmscore.shapes.resolve` makes of the unknown ones.
+"""
 
 from __future__ import annotations
 
 import pytest
+import zoo
 
 import lmscore
 from lmscore.samples import sample_dir
@@ -13,13 +19,13 @@ pytestmark = pytest.mark.tf
 CASES = [("mlp", 32), ("resnet50", 3), ("vgg16", 2), ("unet3d", 2), ("bert", 5), ("lstm", 7)]
 
 
-def tf_shapes(path, batch):
-    """Shapes TensorFlow infers when the feeds' batch dimension is fixed."""
+def tf_shapes(data: bytes, batch: int) -> dict[str, tuple[int, ...]]:
+    """Shapes TensorFlow infers for the GraphDef ``data`` when the feeds' batch is fixed."""
     import tensorflow as tf
     from tensorflow.core.framework import graph_pb2
 
     gd = graph_pb2.GraphDef()
-    gd.ParseFromString(path.read_bytes())
+    gd.ParseFromString(data)
     for node in gd.node:
         node.attr.pop("_output_shapes", None)
         if node.op == "Placeholder" and node.attr["dtype"].type != tf.resource.as_datatype_enum:
@@ -37,12 +43,9 @@ def tf_shapes(path, batch):
     return out
 
 
-@pytest.mark.parametrize(("name", "batch"), CASES)
-def test_shapes_match_tensorflow(name, batch):
-    path = sample_dir() / f"{name}.pb"
-    graph = lmscore.load(path)
+def _compare(graph, data: bytes, batch: int) -> None:
     ours = resolve(graph, batch)
-    theirs = tf_shapes(path, batch)
+    theirs = tf_shapes(data, batch)
     mismatches = []
     compared = 0
     for i, op in enumerate(graph.ops):
@@ -53,6 +56,21 @@ def test_shapes_match_tensorflow(name, batch):
                 if shape != expected:
                     mismatches.append((f"{op.name}:{k}", shape, expected))
     total = sum(len(op.outputs) for op in graph.ops)
-    print(f"{name}: compared {compared} of {total} outputs")
+    print(f"{graph.source}: compared {compared} of {total} outputs")
     assert compared > 0.3 * total
     assert mismatches == []
+
+
+@pytest.mark.parametrize(("name", "batch"), CASES)
+def test_shapes_match_tensorflow(name, batch):
+    path = sample_dir() / f"{name}.pb"
+    _compare(lmscore.load(path), path.read_bytes(), batch)
+
+
+#: Zoo steps traced with an unknown batch (the others leave nothing to resolve).
+ZOO = [e.name for e in zoo.ENTRIES if not e.fixed_batch and not e.large]
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_shapes_match_tensorflow(name):
+    _compare(zoo.graph(name), zoo.graphdef(name), 3)

@@ -40,6 +40,8 @@ CASES = [
     ("stochastic_depth_cnn", 16, 0.4),
     ("mobilenet_v2", 64, 0.6),
     ("fit_mixed_transformer", 4, 0.6),
+    # dilated convolutions: SpaceToBatchND's tensors have batch x dilation rows
+    ("dilated_conv1d", 16, 0.4),
 ]
 #: Plans with recomputed tensors (the hybrid planner's per-tensor MILP, measured).
 RECOMPUTE_CASES = [("mobilenet_v2", 64, 0.7, "hybrid"), ("mobilenet_v2", 64, 0.8, "recompute")]

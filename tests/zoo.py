@@ -287,6 +287,27 @@ def stacked_lstm(batch=None):
     return _custom_step(m, _sparse_ce(), k.optimizers.RMSprop(1e-3), *_specs(batch, (16, 8), ()))
 
 
+def dilated_conv1d(batch=None):
+    """Causal dilated 1-D convolutions (WaveNet-like audio), spatial dropout, RMSprop.
+
+    A dilated convolution runs as ``SpaceToBatchND -> Conv2D -> BatchToSpaceND``, whose
+    tensors have ``batch * dilation`` rows.
+    """
+    k = _keras()
+    k.utils.set_random_seed(18)
+    x = inp = k.Input((2048, 1))
+    x = k.layers.Conv1D(16, 3, padding="causal", activation="relu")(x)
+    for d in (2, 4, 8):
+        y = k.layers.Conv1D(16, 3, padding="causal", dilation_rate=d, activation="relu")(x)
+        y = k.layers.SpatialDropout1D(0.1)(y)
+        x = k.layers.Add()([x, y])
+    x = k.layers.MaxPooling1D(4)(x)
+    x = k.layers.GlobalAveragePooling1D()(x)
+    m = k.Model(inp, k.layers.Dense(6)(x), name="dilated")
+    return _custom_step(m, _sparse_ce(), k.optimizers.RMSprop(1e-3),
+                        *_specs(batch, (2048, 1), ()))
+
+
 def mixed_precision_cnn(batch=None):
     k = _keras()
     k.utils.set_random_seed(14)
@@ -360,6 +381,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("gru_lstm", gru_lstm, 4, False),
     Entry("stacked_lstm", stacked_lstm, 4, True),
     Entry("bigru_rnn", bigru_rnn, 8, False),
+    Entry("dilated_conv1d", dilated_conv1d, 8, False),
     Entry("mixed_precision_cnn", mixed_precision_cnn, 4, False),
     Entry("fit_cnn", fit_cnn, 8, False),
     Entry("fit_mixed_transformer", fit_mixed_transformer, 4, True),
@@ -400,6 +422,11 @@ def build_info(name: str) -> dict[str, Any]:
 @functools.cache
 def _built(name: str) -> Built:
     return build(name)
+
+
+def graphdef(name: str) -> bytes:
+    """The serialized GraphDef of zoo entry ``name``, traced once per process."""
+    return _built(name).graphdef
 
 
 @functools.cache
