@@ -547,6 +547,17 @@ def _gradient_structure(
         s: _closure(graph, list(adj.consumers.get((s, 0), ())), cat, down=True, values=True)
         for s in seeds
     }
+    # Every gradient depends on the seed: a constant 1 in the loss (a loss weight of one
+    # of two outputs) reaches the gradient kernels of its own output only.
+    backward_kernels = [k for k in kernels if not forward_side[k]]
+    covers = {s: frozenset(k for k in backward_kernels if below_of[s][k]) for s in seeds}
+    seeds = [s for s in seeds if not any(covers[s] < covers[t] for t in seeds)]
+    # The loss is computed before its gradient, so the seed reaches none of the results
+    # that it reaches: a constant 1 in the loss itself (Huber's delta) reaches the loss
+    # the step returns and the gradients too, as the gradient reads what it computed.
+    results = [i for i in topo if ops[i].type in OUTPUT_OPS and not adj.succs[i]]
+    reached = {s: frozenset(r for r in results if below_of[s][r]) for s in seeds}
+    seeds = [s for s in seeds if not any(reached[t] < reached[s] for t in seeds)]
     # What each candidate first meets: the values its own constant arithmetic is
     # combined with (a dropout's random numbers; the forward values the seed's consumers
     # read), not what ops further down read.
@@ -614,9 +625,9 @@ def _gradient_structure(
         if readers and not all(only_writes[c] for c in readers):
             break
         ins = [p for p, _ in adj.data_in[loss] if p in in_pool]
-        if not ins:
+        if len(ins) != 1:  # (two such values summed: the total of a model's losses)
             break
-        loss = max(ins, key=lambda i: (size[i], -i))
+        loss = ins[0]
     return seed, loss, backward
 
 

@@ -336,6 +336,45 @@ def fit_cnn(batch=None):
     return _fit_step(m, *_specs(batch, (28, 28, 1), ()))
 
 
+def fit_two_heads(batch=None):
+    """Keras ``fit`` of two outputs, weighted (classification and an MAE regression).
+
+    The total loss sums the two; a loss weight of 1.0 is a constant 1 like the seed, and
+    MAE's gradient (a sign) does not read the loss value.
+    """
+    import tensorflow as tf
+
+    k = _keras()
+    k.utils.set_random_seed(19)
+    x = inp = k.Input((32, 32, 3))
+    x = k.layers.Conv2D(16, 3, padding="same", activation="relu")(x)
+    x = k.layers.Conv2D(32, 3, strides=2, padding="same", activation="relu")(x)
+    x = k.layers.GlobalAveragePooling2D()(x)
+    m = k.Model(inp, [k.layers.Dense(10)(x), k.layers.Dense(4)(x)], name="twoheads")
+    m.compile(optimizer=k.optimizers.SGD(0.01, momentum=0.9),
+              loss=[_sparse_ce(), k.losses.MeanAbsoluteError()], loss_weights=[1.0, 0.5])
+    x_spec = tf.TensorSpec((batch, 32, 32, 3), "float32", name="x")
+    y_spec = (tf.TensorSpec((batch,), "int32", name="y_cls"),
+              tf.TensorSpec((batch, 4), "float32", name="y_box"))
+    return _fit_step(m, x_spec, y_spec)
+
+
+def huber_regression(batch=None):
+    """A regression MLP with dropout, Huber loss and Lion.
+
+    Huber's gradient reads the error, not the loss value, and its delta is a constant 1
+    that reaches both the loss and the gradients.
+    """
+    k = _keras()
+    k.utils.set_random_seed(20)
+    m = k.Sequential([k.Input((64,)), k.layers.GaussianNoise(0.1),
+                      k.layers.Dense(128, activation="relu"), k.layers.Dropout(0.2),
+                      k.layers.Dense(128, activation="relu"), k.layers.Dropout(0.2),
+                      k.layers.Dense(1)], name="huber")
+    return _custom_step(m, k.losses.Huber(), k.optimizers.Lion(1e-4),
+                        *_specs(batch, (64,), (1,), y_dtype="float32"))
+
+
 def fit_mixed_transformer(batch=None):
     k = _keras()
     k.utils.set_random_seed(16)
@@ -382,6 +421,8 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("stacked_lstm", stacked_lstm, 4, True),
     Entry("bigru_rnn", bigru_rnn, 8, False),
     Entry("dilated_conv1d", dilated_conv1d, 8, False),
+    Entry("fit_two_heads", fit_two_heads, 8, False),
+    Entry("huber_regression", huber_regression, 8, False),
     Entry("mixed_precision_cnn", mixed_precision_cnn, 4, False),
     Entry("fit_cnn", fit_cnn, 8, False),
     Entry("fit_mixed_transformer", fit_mixed_transformer, 4, True),
