@@ -412,10 +412,13 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
                     meets_seed[i] = True
                     break
         # Values computed from the forward pass only to be stored (BatchNorm's moving
-        # statistics, a metric's running total) are updates of state, not gradients.
+        # statistics, a metric's running total) are updates of state, not gradients; the
+        # loss and what it is computed from are not, even where the step only stores
+        # the loss (Keras' fit: the gradient is seeded without reading it).
+        on_loss = _closure(graph, [loss], cat, down=False) if loss is not None else [False] * n
         for i in topo:
             if cat[i] is None and only_writes[i] and not (
-                from_seed[i] or gradient_side[i] or meets_seed[i]
+                from_seed[i] or gradient_side[i] or meets_seed[i] or on_loss[i]
             ):
                 if seed is not None or loss is not None:
                     cat[i] = UPDATE

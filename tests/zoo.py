@@ -26,6 +26,7 @@ import functools
 import json
 import os
 import pathlib
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -104,7 +105,10 @@ def _fit_step(model, x_spec, y_spec):
     model(tf.zeros([1 if d is None else d for d in x_spec.shape], x_spec.dtype), training=False)
     model.optimizer.build(model.trainable_variables)
     cf = tf.function(model.train_step).get_concrete_function((x_spec, y_spec))
-    return cf, (f"{model.name}/",)
+    # TensorFlow makes the scope unique ("fitcnn_1/"): take the one the ops really carry
+    scopes = {op.name.split("/")[0] for op in cf.graph.get_operations() if "/" in op.name}
+    own = sorted(x for x in scopes if re.fullmatch(re.escape(model.name) + r"(_\d+)?", x))
+    return cf, tuple(f"{x}/" for x in own)
 
 
 def _specs(batch, x_shape, y_shape, x_dtype="float32", y_dtype="int32"):
