@@ -39,6 +39,14 @@ SHAPE_ONLY_OPS = frozenset({
 #: Ops that stand for a step's results when nothing reads them (``tf.function`` returns
 #: each result through an ``Identity``).
 OUTPUT_OPS = frozenset({"Identity", "IdentityN", "_Retval"})
+
+
+def step_results(graph: Graph) -> list[int]:
+    """Indices of the ops that stand for the step's results: :data:`OUTPUT_OPS` nothing reads."""
+    succs = graph.adjacency.succs
+    return [i for i, op in enumerate(graph.ops) if op.type in OUTPUT_OPS and not succs[i]]
+
+
 #: Ops that read a resource without writing it.
 RESOURCE_READS = frozenset({
     "ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape",
@@ -102,8 +110,7 @@ class Ordering:
         index = self.graph.index
         stack = [index[name] for name in self._seeds]
         if stack:
-            stack += [i for i, op in enumerate(self.graph.ops)
-                      if op.type in OUTPUT_OPS and not adj.succs[i]]
+            stack += step_results(self.graph)
         if not stack:  # not a training step: nothing tells what is pruned
             return (True,) * n
         seen = [False] * n
@@ -558,7 +565,7 @@ def _gradient_structure(
     # The loss is computed before its gradient, so the seed reaches none of the results
     # that it reaches: a constant 1 in the loss itself (Huber's delta) reaches the loss
     # the step returns and the gradients too, as the gradient reads what it computed.
-    results = [i for i in topo if ops[i].type in OUTPUT_OPS and not adj.succs[i]]
+    results = step_results(graph)
     reached = {s: frozenset(r for r in results if below_of[s][r]) for s in seeds}
     seeds = [s for s in seeds if not any(reached[t] < reached[s] for t in seeds)]
     # What each candidate first meets: the values its own constant arithmetic is
