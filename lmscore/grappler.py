@@ -73,7 +73,7 @@ from .errors import ConfigError, RunError
 from .evaluate import evaluate_plan
 from .ir import Graph, split_tensor
 from .order import order
-from .plan import Plan, Swap, SwapIn, fingerprint, reaches
+from .plan import Plan, Swap, SwapIn, fingerprint, trigger_problem
 from .shapes import Sizes, resolve
 from .tune import DEVICES, LINKS, Device, _context, _evaluate, op_seconds, preset
 from .units import format_bytes
@@ -641,8 +641,9 @@ def _grappler_trigger(
 
 
 def _valid_trigger(graph: Graph, lv: Sequence[int], t: int, producer: int, consumer: int) -> bool:
-    """The trigger comes after the producer and reaches the consumer (as plans require)."""
-    return lv[t] > lv[producer] and reaches(graph, t, consumer, lv)
+    """Whether op ``t`` may trigger a swap-in for ``consumer`` (as plans require)."""
+    group = SwapIn((graph.ops[consumer].name,), graph.ops[t].name)
+    return not trigger_problem(graph, lv, producer, group)
 
 
 # --- The baseline ----------------------------------------------------------------------------

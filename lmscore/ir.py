@@ -8,7 +8,8 @@ gives the same graph as a ``networkx.MultiDiGraph`` for ad-hoc queries.
 
 :func:`lint` checks the invariants every graph must hold (unique names, every input
 exists, ports in range, acyclic) and raises :class:`~lmscore.errors.GraphError` naming
-the first offending node.
+the first offending node, and that no two ops TensorFlow may merge into one kernel
+(:attr:`Graph.siblings`) wait for each other.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import functools
 import gc
 import json
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -193,6 +194,14 @@ class Adjacency:
         return tuple(out)
 
 
+#: Filter gradients TensorFlow may merge with the ``BiasAddGrad`` beside them, and the input
+#: through which they read the same gradient (the ``BiasAddGrad``'s input 0): oneDNN's
+#: layout pass (``_MklNativeConv2DBackpropFilterWithBias``, when both ops have the same
+#: control inputs, which Grappler's dependency optimizer often makes so) and Grappler's
+#: remapper with oneDNN. Neither checks for a path from one op to the other.
+MERGED_WITH_BIAS_GRAD: dict[str, int] = {"Conv2DBackpropFilter": 2, "Conv3DBackpropFilterV2": 2}
+
+
 #: Graphs made by :meth:`Graph.derive` and the graph each keeps the ops of.
 _PARENTS: weakref.WeakKeyDictionary[Graph, Graph] = weakref.WeakKeyDictionary()
 
@@ -242,6 +251,29 @@ class Graph:
                     raise GraphError(f"{self.source}: duplicate node name {op.name!r}")
                 seen.add(op.name)
         return idx
+
+    @functools.cached_property
+    def siblings(self) -> dict[int, int]:
+        """Pairs of ops TensorFlow may merge into one kernel, each mapped to the other.
+
+        A filter gradient and the ``BiasAddGrad`` reading the same gradient tensor
+        (:data:`MERGED_WITH_BIAS_GRAD`). Merged while one waits for the other through other
+        ops (a swap-in's trigger, a pinned order), the kernel waits for itself: TensorFlow
+        then ends the step without running it ("Retval[0] does not have value").
+        """
+        adj = self.adjacency
+        pairs: dict[int, int] = {}
+        for b, op in enumerate(self.ops):
+            if op.type != "BiasAddGrad" or not adj.data_in[b]:
+                continue
+            key = adj.data_in[b][0]
+            for c in adj.consumers.get(key, ()):
+                port = MERGED_WITH_BIAS_GRAD.get(self.ops[c].type)
+                if (port is not None and c not in pairs and len(adj.data_in[c]) > port
+                        and adj.data_in[c][port] == key):
+                    pairs[b], pairs[c] = c, b
+                    break
+        return pairs
 
     def op(self, name: str) -> Op:
         """Return the op called ``name``.
@@ -457,8 +489,10 @@ class Graph:
 def lint(graph: Graph) -> None:
     """Check the invariants of ``graph``.
 
-    Unique names, every data and control input names an existing op and output port,
-    and no cycle through data and control edges.
+    Unique names, every data and control input names an existing op and output port, no
+    cycle through data and control edges, and no path from one op of a pair TensorFlow
+    may merge into one kernel (:attr:`Graph.siblings`) to the other: the merged kernel
+    would wait for itself.
 
     Raises
     ------
@@ -467,6 +501,7 @@ def lint(graph: Graph) -> None:
     """
     adj = graph.adjacency  # names, inputs and ports
     indeg = [len(p) for p in adj.preds]
+    level = [0] * len(indeg)  # longest path from a source: every path climbs it
     stack = [i for i, d in enumerate(indeg) if d == 0]
     seen = 0
     while stack:
@@ -474,10 +509,39 @@ def lint(graph: Graph) -> None:
         seen += 1
         for s in adj.succs[i]:
             indeg[s] -= 1
+            if level[s] <= level[i]:
+                level[s] = level[i] + 1
             if indeg[s] == 0:
                 stack.append(s)
     if seen != len(graph.ops):
         raise GraphError(f"{graph.source}: {_describe_cycle(graph, indeg)}")
+    for a, b in graph.siblings.items():
+        if reaches(graph, a, b, level):
+            raise GraphError(
+                f"{graph.source}: node {graph.ops[b].name!r} waits for "
+                f"{graph.ops[a].name!r}, and TensorFlow may merge the two into one kernel "
+                "(oneDNN), which would wait for itself"
+            )
+
+
+def reaches(graph: Graph, src: int, dst: int, lv: Sequence[int]) -> bool:
+    """Whether op ``src`` reaches op ``dst`` (indices), searching only below dst's level.
+
+    ``lv`` holds levels that every edge climbs (longest paths from the sources).
+    """
+    if lv[src] >= lv[dst]:
+        return False
+    succs = graph.adjacency.succs
+    seen = {src}
+    stack = [src]
+    while stack:
+        for s in succs[stack.pop()]:
+            if s == dst:
+                return True
+            if s not in seen and lv[s] < lv[dst]:
+                seen.add(s)
+                stack.append(s)
+    return False
 
 
 def _describe_cycle(graph: Graph, indeg: list[int]) -> str:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import ConfigError, PlanError
-from .ir import Graph, op_signatures, split_tensor
+from .ir import Graph, op_signatures, reaches, split_tensor
 from .order import BACKWARD, FORWARD, Ordering, order
 from .shapes import Sizes, resolve
 from .swappable import (  # noqa: F401 - re-exported: plans are where they are used
@@ -764,7 +764,9 @@ def find_trigger(
 
     The trigger lies about ``ahead`` levels before the group's first consumer, after the
     tensor's producer, on the accelerator (a forward or backward op), and must reach the
-    first consumer, so the control edge cannot make a cycle. An op whose control output
+    first consumer, so the control edge cannot make a cycle, and must not wait for an op
+    TensorFlow may merge with a consumer (:attr:`lmscore.ir.Graph.siblings`), nor be it,
+    or the merged kernel would wait for itself. An op whose control output
     changes nothing Grappler does (:func:`control_safe`) is preferred anywhere in the
     window; without one, the swap-in is synchronous. Without ``exact`` (tuned plans, which
     promise a peak rather than Grappler's choices) the op nearest ``first - ahead`` is
@@ -792,6 +794,7 @@ def find_trigger(
                 seen.add(p)
                 stack.append(p)
     seen.discard(first)
+    seen -= _after_siblings(graph, [idx[c] for c in consumers], lv[first], lv)
     at_level: dict[int, list[int]] = {}
     for i in seen:
         at_level.setdefault(lv[i], []).append(i)
@@ -870,7 +873,7 @@ def check_plan(graph: Graph, plan: Plan) -> None:
             if g.trigger is not None:
                 if g.trigger not in idx:
                     raise PlanError(f"swap of {s.tensor!r}: unknown trigger {g.trigger!r}")
-                problem = _trigger_problem(graph, lv, producer, g)
+                problem = trigger_problem(graph, lv, producer, g)
                 if problem:
                     raise PlanError(f"swap of {s.tensor!r}: {problem}")
     for r in plan.recomputes:
@@ -955,40 +958,55 @@ def _check_recompute(graph: Graph, ordering: Ordering, r: Recompute, seen: set[s
             raise PlanError(f"{what}: {c!r} does not read it")
     if r.trigger not in idx:
         raise PlanError(f"{what}: unknown trigger {r.trigger!r}")
-    problem = _trigger_problem(graph, ordering.levels, idx[op_name],
+    problem = trigger_problem(graph, ordering.levels, idx[op_name],
                                SwapIn(r.consumers, r.trigger))
     if problem:
         raise PlanError(f"{what}: {problem}")
 
 
-def _trigger_problem(graph: Graph, lv: Sequence[int], producer: int, group: SwapIn) -> str:
-    """Why ``group``'s (known) trigger cannot start its swap-in; empty if it can."""
+def trigger_problem(graph: Graph, lv: Sequence[int], producer: int, group: SwapIn) -> str:
+    """Why ``group``'s (known) trigger cannot start its swap-in; empty if it can.
+
+    The trigger must come after the producer, reach the group's first consumer (so its
+    control edge closes no cycle) and not wait for an op TensorFlow may merge with one of
+    the consumers (:attr:`lmscore.ir.Graph.siblings`).
+    """
     idx = graph.index
     t = idx[group.trigger]  # type: ignore[index]
-    first = min((idx[c] for c in group.consumers), key=lambda c: (lv[c], c))
+    consumers = [idx[c] for c in group.consumers]
+    first = min(consumers, key=lambda c: (lv[c], c))
     if lv[t] <= lv[producer]:
         return (f"trigger {group.trigger!r} (level {lv[t]}) does not come after the producer "
                 f"(level {lv[producer]})")
     if not reaches(graph, t, first, lv):
         return f"trigger {group.trigger!r} cannot reach consumer {graph.ops[first].name!r}"
+    sib = graph.siblings
+    for c in consumers:
+        b = sib.get(c)
+        if b is not None and (b == t or reaches(graph, b, t, lv)):
+            return (f"trigger {group.trigger!r} waits for {graph.ops[b].name!r}, which "
+                    f"TensorFlow may merge with consumer {graph.ops[c].name!r} into one "
+                    "kernel (oneDNN): that kernel would wait for itself")
     return ""
 
 
-def reaches(graph: Graph, src: int, dst: int, lv: Sequence[int]) -> bool:
-    """Whether op ``src`` reaches op ``dst`` (indices), searching only below dst's level."""
-    if lv[src] >= lv[dst]:
-        return False
+def _after_siblings(graph: Graph, consumers: Sequence[int], below: int,
+                    lv: Sequence[int]) -> set[int]:
+    """The ops below level ``below`` that are, or wait for, a sibling of a consumer.
+
+    A swap-in triggered by one of them would make the consumer wait for the op TensorFlow
+    may merge it with (:attr:`lmscore.ir.Graph.siblings`).
+    """
+    sib = graph.siblings
+    out = {sib[c] for c in consumers if c in sib and lv[sib[c]] < below}
     succs = graph.adjacency.succs
-    seen = {src}
-    stack = [src]
+    stack = list(out)
     while stack:
         for s in succs[stack.pop()]:
-            if s == dst:
-                return True
-            if s not in seen and lv[s] < lv[dst]:
-                seen.add(s)
+            if s not in out and lv[s] < below:
+                out.add(s)
                 stack.append(s)
-    return False
+    return out
 
 
 def _far_readers(
@@ -1088,7 +1106,7 @@ def regroup(graph: Graph, plan: Plan, tensor: str, groups: Sequence[Sequence[str
             return None  # check_plan names the problem
         for c in consumers:  # an old group's first consumer: its trigger stays
             t, _, first = was.get(c, (None, 0, False))
-            if first and t is not None and t in idx and not _trigger_problem(
+            if first and t is not None and t in idx and not trigger_problem(
                     graph, lv, producer, SwapIn(consumers, t)):
                 return t
         shared = next((was[c] for c in consumers if c in was), None)

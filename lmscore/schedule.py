@@ -60,6 +60,14 @@ def scheduled(graph: Graph, names: Sequence[str]) -> Graph:
 
         before:  a -> b ;  a -> c        (b and c ready together, either may run first)
         after:   a -> b ;  a -> c ; b ->^ c
+
+    Two ops TensorFlow may merge into one kernel (:attr:`lmscore.ir.Graph.siblings`) are
+    chained as one: the later one moves up beside the earlier, and both wait for the op
+    before them and are waited for by the op after them, with no edge between them. A
+    chain through other ops between them would make the merged kernel wait for itself::
+
+        names:   x, b, d, c, y          (b and c siblings, d does not need b)
+        edges:   x ->^ d ->^ b ; d ->^ c ; b ->^ y ; c ->^ y
     """
     names = tuple(names)
     last = _SCHEDULED.get(graph)
@@ -67,15 +75,72 @@ def scheduled(graph: Graph, names: Sequence[str]) -> Graph:
         return last[1]
     ops = list(graph.ops)
     idx = graph.index
-    for a, b in zip(names, names[1:], strict=False):
-        j = idx[b]
-        op = ops[j]
-        if a not in op.control_inputs:
-            ops[j] = replace(op, control_inputs=(*op.control_inputs, a), attrs={
-                **op.attrs, SCHEDULED_AFTER: (*op.attrs.get(SCHEDULED_AFTER, ()), a)})
+    units = _units(graph, names)
+    for prev, unit in zip(units, units[1:], strict=False):
+        for b in unit:
+            j = idx[b]
+            op = ops[j]
+            new = tuple(a for a in prev if a not in op.control_inputs)
+            if new:
+                ops[j] = replace(op, control_inputs=(*op.control_inputs, *new), attrs={
+                    **op.attrs, SCHEDULED_AFTER: (*op.attrs.get(SCHEDULED_AFTER, ()), *new)})
     step = graph.derive(ops, source=graph.source)
     _SCHEDULED[graph] = (names, step)
     return step
+
+
+def _units(graph: Graph, names: Sequence[str]) -> list[tuple[str, ...]]:
+    """``names`` in chain units: single ops, and sibling pairs brought together.
+
+    For siblings ``b`` (earlier) and ``c``, the ops between them that wait for ``b`` move
+    after ``c`` and ``b`` moves beside ``c``; every other op keeps its place. Where ``c``
+    itself waits for ``b`` the pair stays apart (:func:`lmscore.ir.lint` then names it).
+    """
+    sib = graph.siblings
+    idx = graph.index
+    seq = [idx[n] for n in names]
+    if not sib:
+        return [(n,) for n in names]
+    preds = graph.adjacency.preds
+    paired: set[int] = set()
+    k = 0
+    while k < len(seq):
+        b = seq[k]
+        c = sib.get(b)
+        if c is None or b in paired:
+            k += 1
+            continue
+        try:
+            j = seq.index(c, k + 1)
+        except ValueError:
+            k += 1
+            continue
+        waits = {b}
+        early, late = [], []
+        for i in seq[k + 1:j]:
+            if any(p in waits for p in preds[i]):
+                waits.add(i)
+                late.append(i)
+            else:
+                early.append(i)
+        if any(p in waits for p in preds[c]):
+            k += 1
+            continue
+        seq[k:j + 1] = [*early, b, c, *late]
+        paired.update((b, c))
+        k += len(early) + 2
+    units: list[tuple[str, ...]] = []
+    ops = graph.ops
+    k = 0
+    while k < len(seq):
+        i = seq[k]
+        if i in paired and k + 1 < len(seq) and seq[k + 1] == sib[i]:
+            units.append((ops[i].name, ops[seq[k + 1]].name))
+            k += 2
+        else:
+            units.append((ops[i].name,))
+            k += 1
+    return units
 
 
 def memory_schedule(graph: Graph, sim: Simulation) -> tuple[str, ...]:
