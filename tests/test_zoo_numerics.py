@@ -34,7 +34,7 @@ MODELS = [
     "mlp_dropout", "bn_cnn", "unet2d", "unet3d", "transformer_encoder", "gpt_decoder",
     "gru_lstm", "stacked_lstm", "bigru_rnn", "mixed_precision_cnn", "fit_cnn",
     "fit_mixed_transformer", "stochastic_depth_cnn", "dilated_conv1d", "fit_two_heads",
-    "huber_regression",
+    "huber_regression", "l2_clip_cnn",
 ]
 STEPS = 3
 

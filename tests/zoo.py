@@ -312,6 +312,30 @@ def dilated_conv1d(batch=None):
                         *_specs(batch, (2048, 1), ()))
 
 
+def l2_clip_cnn(batch=None):
+    """Convolutions with biases and L2 weight penalties, ``clip_by_global_norm``, Adamax.
+
+    The global norm reads every bias gradient (``L2Loss``) while the filter gradient beside
+    it, which oneDNN merges with it, may still wait for a swap-in.
+    """
+    k = _keras()
+    k.utils.set_random_seed(19)
+    reg = k.regularizers.L2(1e-4)
+    layers = [k.Input((32, 32, 3))]
+    for f in (16, 32, 32):
+        layers += [k.layers.Conv2D(f, 3, padding="same", activation="relu",
+                                   kernel_regularizer=reg),
+                   k.layers.Conv2D(f, 3, padding="same", activation="relu",
+                                   kernel_regularizer=reg),
+                   k.layers.AveragePooling2D(2)]
+    layers += [k.layers.Flatten(),
+               k.layers.Dense(64, activation="relu", kernel_regularizer=reg),
+               k.layers.Dense(10)]
+    m = k.Sequential(layers, name="l2clip")
+    return _custom_step(m, _sparse_ce(), k.optimizers.Adamax(1e-3),
+                        *_specs(batch, (32, 32, 3), ()), clip=1.0)
+
+
 def mixed_precision_cnn(batch=None):
     k = _keras()
     k.utils.set_random_seed(14)
@@ -425,6 +449,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("stacked_lstm", stacked_lstm, 4, True),
     Entry("bigru_rnn", bigru_rnn, 8, False),
     Entry("dilated_conv1d", dilated_conv1d, 8, False),
+    Entry("l2_clip_cnn", l2_clip_cnn, 16, True),
     Entry("fit_two_heads", fit_two_heads, 8, False),
     Entry("huber_regression", huber_regression, 8, False),
     Entry("mixed_precision_cnn", mixed_precision_cnn, 4, False),
