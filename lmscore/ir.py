@@ -253,27 +253,38 @@ class Graph:
         return idx
 
     @functools.cached_property
-    def siblings(self) -> dict[int, int]:
-        """Pairs of ops TensorFlow may merge into one kernel, each mapped to the other.
+    def siblings(self) -> dict[int, tuple[int, ...]]:
+        """Ops TensorFlow may merge into one kernel, each mapped to those it may merge with.
 
-        A filter gradient and the ``BiasAddGrad`` reading the same gradient tensor
-        (:data:`MERGED_WITH_BIAS_GRAD`). Merged while one waits for the other through other
-        ops (a swap-in's trigger, a pinned order), the kernel waits for itself: TensorFlow
-        then ends the step without running it ("Retval[0] does not have value").
+        The ``BiasAddGrad`` ops and the filter gradients reading the same gradient tensor
+        (:data:`MERGED_WITH_BIAS_GRAD`): each bias gradient may merge with any of the
+        filter gradients (TensorFlow takes the first it finds), and the other way round.
+        Two convolutions reading one tensor share its gradient (an attention gate's two
+        1x1 convolutions after an ``Add``). Merged while one waits for the other through
+        other ops (a swap-in's trigger, a pinned order), the kernel waits for itself:
+        TensorFlow then ends the step without running it ("Retval[0] does not have value").
         """
         adj = self.adjacency
-        pairs: dict[int, int] = {}
+        groups: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
         for b, op in enumerate(self.ops):
             if op.type != "BiasAddGrad" or not adj.data_in[b]:
                 continue
             key = adj.data_in[b][0]
-            for c in adj.consumers.get(key, ()):
-                port = MERGED_WITH_BIAS_GRAD.get(self.ops[c].type)
-                if (port is not None and c not in pairs and len(adj.data_in[c]) > port
-                        and adj.data_in[c][port] == key):
-                    pairs[b], pairs[c] = c, b
-                    break
-        return pairs
+            if key not in groups:
+                filters = []
+                for c in dict.fromkeys(adj.consumers.get(key, ())):
+                    port = MERGED_WITH_BIAS_GRAD.get(self.ops[c].type)
+                    if port is not None and port < len(adj.data_in[c]) and (
+                            adj.data_in[c][port] == key):
+                        filters.append(c)
+                groups[key] = ([], filters)
+            groups[key][0].append(b)
+        partners: dict[int, tuple[int, ...]] = {}
+        for biases, filters in groups.values():
+            if filters:
+                partners.update(dict.fromkeys(biases, tuple(filters)))
+                partners.update(dict.fromkeys(filters, tuple(biases)))
+        return partners
 
     def op(self, name: str) -> Op:
         """Return the op called ``name``.
@@ -515,13 +526,14 @@ def lint(graph: Graph) -> None:
                 stack.append(s)
     if seen != len(graph.ops):
         raise GraphError(f"{graph.source}: {_describe_cycle(graph, indeg)}")
-    for a, b in graph.siblings.items():
-        if reaches(graph, a, b, level):
-            raise GraphError(
-                f"{graph.source}: node {graph.ops[b].name!r} waits for "
-                f"{graph.ops[a].name!r}, and TensorFlow may merge the two into one kernel "
-                "(oneDNN), which would wait for itself"
-            )
+    for a, partners in graph.siblings.items():
+        for b in partners:
+            if reaches(graph, a, b, level):
+                raise GraphError(
+                    f"{graph.source}: node {graph.ops[b].name!r} waits for "
+                    f"{graph.ops[a].name!r}, and TensorFlow may merge the two into one "
+                    "kernel (oneDNN), which would wait for itself"
+                )
 
 
 def reaches(graph: Graph, src: int, dst: int, lv: Sequence[int]) -> bool:

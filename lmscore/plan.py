@@ -982,11 +982,11 @@ def trigger_problem(graph: Graph, lv: Sequence[int], producer: int, group: SwapI
         return f"trigger {group.trigger!r} cannot reach consumer {graph.ops[first].name!r}"
     sib = graph.siblings
     for c in consumers:
-        b = sib.get(c)
-        if b is not None and (b == t or reaches(graph, b, t, lv)):
-            return (f"trigger {group.trigger!r} waits for {graph.ops[b].name!r}, which "
-                    f"TensorFlow may merge with consumer {graph.ops[c].name!r} into one "
-                    "kernel (oneDNN): that kernel would wait for itself")
+        for b in sib.get(c, ()):
+            if b == t or reaches(graph, b, t, lv):
+                return (f"trigger {group.trigger!r} waits for {graph.ops[b].name!r}, which "
+                        f"TensorFlow may merge with consumer {graph.ops[c].name!r} into one "
+                        "kernel (oneDNN): that kernel would wait for itself")
     return ""
 
 
@@ -998,7 +998,7 @@ def _after_siblings(graph: Graph, consumers: Sequence[int], below: int,
     may merge it with (:attr:`lmscore.ir.Graph.siblings`).
     """
     sib = graph.siblings
-    out = {sib[c] for c in consumers if c in sib and lv[sib[c]] < below}
+    out = {b for c in consumers for b in sib.get(c, ()) if lv[b] < below}
     succs = graph.adjacency.succs
     stack = list(out)
     while stack:

@@ -90,11 +90,13 @@ def scheduled(graph: Graph, names: Sequence[str]) -> Graph:
 
 
 def _units(graph: Graph, names: Sequence[str]) -> list[tuple[str, ...]]:
-    """``names`` in chain units: single ops, and sibling pairs brought together.
+    """``names`` in chain units: single ops, and groups of siblings brought together.
 
-    For siblings ``b`` (earlier) and ``c``, the ops between them that wait for ``b`` move
-    after ``c`` and ``b`` moves beside ``c``; every other op keeps its place. Where ``c``
-    itself waits for ``b`` the pair stays apart (:func:`lmscore.ir.lint` then names it).
+    A group is the bias and filter gradients of one gradient tensor
+    (:attr:`lmscore.ir.Graph.siblings`). From its first member to its last, the ops that
+    wait for a member move after the group and the members move together; every other op
+    keeps its place. Where a member itself waits for one of the ops that move, the group
+    stays apart (:func:`lmscore.ir.lint` then names the two ops).
     """
     sib = graph.siblings
     idx = graph.index
@@ -102,44 +104,50 @@ def _units(graph: Graph, names: Sequence[str]) -> list[tuple[str, ...]]:
     if not sib:
         return [(n,) for n in names]
     preds = graph.adjacency.preds
-    paired: set[int] = set()
+    unit_of: dict[int, int] = {}  # member -> its group's first member
     k = 0
     while k < len(seq):
-        b = seq[k]
-        c = sib.get(b)
-        if c is None or b in paired:
+        head = seq[k]
+        if head not in sib or head in unit_of:
             k += 1
             continue
-        try:
-            j = seq.index(c, k + 1)
-        except ValueError:
+        group = {head, *sib[head]}
+        for m in sib[head]:
+            group.update(sib[m])
+        where = [n for n, i in enumerate(seq) if i in group]
+        last = where[-1]
+        if where[0] < k or not any(seq[n] in sib[head] for n in where):
             k += 1
             continue
-        waits = {b}
-        early, late = [], []
-        for i in seq[k + 1:j]:
-            if any(p in waits for p in preds[i]):
-                waits.add(i)
+        early, members, late = [], [head], []
+        moved: set[int] = set()
+        ok = True
+        for i in seq[k + 1:last + 1]:
+            if i in group:
+                ok = not any(p in moved for p in preds[i])
+                if not ok:
+                    break
+                members.append(i)
+            elif any(p in moved or p in group for p in preds[i]):
+                moved.add(i)
                 late.append(i)
             else:
                 early.append(i)
-        if any(p in waits for p in preds[c]):
+        if not ok:
             k += 1
             continue
-        seq[k:j + 1] = [*early, b, c, *late]
-        paired.update((b, c))
-        k += len(early) + 2
+        seq[k:last + 1] = [*early, *members, *late]
+        unit_of.update(dict.fromkeys(members, head))
     units: list[tuple[str, ...]] = []
     ops = graph.ops
-    k = 0
-    while k < len(seq):
-        i = seq[k]
-        if i in paired and k + 1 < len(seq) and seq[k + 1] == sib[i]:
-            units.append((ops[i].name, ops[seq[k + 1]].name))
-            k += 2
+    last_unit = None
+    for i in seq:
+        unit = unit_of.get(i)
+        if unit is not None and unit == last_unit:
+            units[-1] = (*units[-1], ops[i].name)
         else:
             units.append((ops[i].name,))
-            k += 1
+        last_unit = unit
     return units
 
 

@@ -78,7 +78,7 @@ def _names(g: Graph, *names: str) -> tuple[int, ...]:
 def test_the_filter_gradient_and_the_bias_gradient_are_siblings():
     g = bias_grad_step()
     b, c = _names(g, "g_b", "g_w")
-    assert g.siblings == {b: c, c: b}
+    assert g.siblings == {b: (c,), c: (b,)}
     lv = order(g).levels
     assert [lv[g.index[n]] for n in ("g_relu", "g_b", "l2b", "d", "g_w")] == [7, 8, 9, 10, 12]
     # a filter gradient reading another tensor (a deconvolution's) is no sibling
@@ -127,3 +127,61 @@ def test_a_pinned_order_chains_siblings_as_one():
     assert step.op("l2b").control_inputs == ("g_b", "g_w")
     assert step.op("l2b").attrs["_lms_after"] == ("g_b", "g_w")
     assert step.op("updb").control_inputs == ("l2b",)
+
+
+def shared_gradient_step() -> Graph:
+    """:func:`bias_grad_step` with a second convolution of ``relu1`` beside the first,
+    whose output is added to the first's (an attention gate): both read one gradient, so
+    either bias gradient may merge with either filter gradient."""
+    g = bias_grad_step()
+    act4 = t(F, 2, 4, 4, 2)
+    ops = list(g.ops)
+    at = g.index["ba"]
+    ops[at:at + 1] = [
+        Op("conv2", "Conv2D", inputs=("relu1:0", "r2:0"), outputs=act4),
+        Op("ba2", "BiasAdd", inputs=("conv2:0", "rb2:0"), outputs=act4),
+        Op("ba1", "BiasAdd", inputs=("conv:0", "rb:0"), outputs=act4),
+        Op("ba", "AddV2", inputs=("ba1:0", "ba2:0"), outputs=act4),
+    ]
+    extra = [
+        Op("w2", "Placeholder", outputs=t("resource")),
+        Op("bv2", "Placeholder", outputs=t("resource")),
+        Op("r2", "ReadVariableOp", inputs=("w2:0",), outputs=t(F, 3, 3, 2, 2)),
+        Op("rb2", "ReadVariableOp", inputs=("bv2:0",), outputs=t(F, 2)),
+    ]
+    tail = [
+        Op("g_b2", "BiasAddGrad", inputs=("g_relu:0",), outputs=t(F, 2)),
+        Op("l2b2", "L2Loss", inputs=("g_b2:0",), outputs=t(F)),
+        Op("g_w2", "Conv2DBackpropFilter", inputs=("relu1:0", "fshape:0", "g_relu:0"),
+           outputs=t(F, 3, 3, 2, 2)),
+        Op("upd2", "Mul", inputs=("g_w2:0", "l2b2:0"), outputs=t(F, 3, 3, 2, 2)),
+        Op("apply2", "AssignSubVariableOp", inputs=("w2:0", "upd2:0")),
+        Op("updb2", "Mul", inputs=("g_b2:0", "lr:0"), outputs=t(F, 2)),
+        Op("applyb2", "AssignSubVariableOp", inputs=("bv2:0", "updb2:0")),
+    ]
+    out = replace(ops[-1], control_inputs=(*ops[-1].control_inputs, "apply2", "applyb2"))
+    return Graph(tuple(extra + ops[:-1] + tail + [out]), "shared_gradient_step")
+
+
+def test_siblings_of_a_shared_gradient_are_chained_as_one():
+    g = shared_gradient_step()
+    b1, b2, c1, c2 = _names(g, "g_b", "g_b2", "g_w", "g_w2")
+    assert g.siblings == {b1: (c1, c2), b2: (c1, c2), c1: (b1, b2), c2: (b1, b2)}
+    ordering = order(g)
+    names = [g.ops[i].name for i in chained_ops(g, ordering, ordering.schedule)]
+    members = {"g_b", "g_b2", "g_w", "g_w2"}
+    where = [k for k, n in enumerate(names) if n in members]
+    assert where[-1] - where[0] > 3  # the executor's order runs other ops among them
+    step = scheduled(g, names)
+    lint(step)
+    new = [step.ops[i].name for i in chained_ops(step, order(step), order(step).schedule)]
+    where = [k for k, n in enumerate(new) if n in members]
+    assert where == list(range(where[0], where[0] + 4))
+    before, after = new[where[0] - 1], new[where[-1] + 1]
+    for m in members:
+        assert before in step.op(m).control_inputs
+        assert not members & set(step.op(m).control_inputs)
+    assert members <= set(step.op(after).control_inputs)
+    # a trigger for a swap-in the second filter gradient reads never waits for a bias
+    # gradient of the group, though only the other convolution's is its own
+    assert find_trigger(g, "relu1:0", ("d", "g_w2"), 1, 10, exact=False) == "g_relu"
