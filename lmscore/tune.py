@@ -775,7 +775,7 @@ def _per_tensor(strategy, graph, batch, ctx, budget, memory, safety, workspace, 
         empty = Plan(fingerprint(graph), params={"strategy": strategy})
         return _result(graph, batch, empty, False, budget, memory, base, base, base_seconds,
                        base_seconds, strategy, ctx, min_peak, bound, knobs, workspace,
-                       reason="search")
+                       reason="milp")
     ev, seconds, fit = best
     return _result(graph, batch, ev.plan, fit, budget, memory, base, ev.after, base_seconds,
                    seconds, strategy, ctx, min_peak, bound, knobs, workspace,
@@ -902,6 +902,16 @@ def _result(graph, batch, plan, fitted, budget, memory, base, sim, base_seconds,
                    f"{format_bytes(sim.peak_bytes)}) but holds "
                    f"{format_bytes(sim.host_peak_bytes)} on the host, over the host memory "
                    f"limit of {format_bytes(host)}")
+    elif reason in ("search", "milp"):
+        # no plan was made: the unplanned step's peak is no "smallest peak found"
+        tried = ("even every swap and recomputation considered at once leaves some op "
+                 "over the budget" if reason == "milp" else
+                 "no threshold of the TFLMS search, in any sync mode, fits the budget")
+        order_note = (", in the executor's order and in a memory-aware one"
+                      if reason == "milp" else "")
+        message = (f"does not fit: {tried} ({format_bytes(budget)} + "
+                   f"{format_bytes(base.persistent_bytes)} persistent){order_note}; no plan "
+                   f"gets below {format_bytes(min_peak)} (op {bound!r})")
     else:
         message = (f"does not fit: the smallest peak found is {format_bytes(sim.peak_bytes)}"
                    f" (budget {format_bytes(budget)} + {format_bytes(base.persistent_bytes)} "
