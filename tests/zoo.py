@@ -89,7 +89,9 @@ def _custom_step(model, loss_fn, optimizer, x_spec, y_spec, *, clip: float | Non
 
     model(tf.zeros([1 if d is None else d for d in x_spec.shape], x_spec.dtype), training=False)
     optimizer.build(model.trainable_variables)
-    return tf.function(step).get_concrete_function(x_spec, y_spec), ("fwd/",)
+    cf = tf.function(step).get_concrete_function(x_spec, y_spec)
+    cf.zoo_objects = (model, optimizer)  # the function holds its variables weakly
+    return cf, ("fwd/",)
 
 
 def _fit_step(model, x_spec, y_spec):
@@ -105,6 +107,7 @@ def _fit_step(model, x_spec, y_spec):
     model(tf.zeros([1 if d is None else d for d in x_spec.shape], x_spec.dtype), training=False)
     model.optimizer.build(model.trainable_variables)
     cf = tf.function(model.train_step).get_concrete_function((x_spec, y_spec))
+    cf.zoo_objects = (model,)  # the function holds its variables weakly
     # TensorFlow makes the scope unique ("fitcnn_1/"): take the one the ops really carry
     scopes = {op.name.split("/")[0] for op in cf.graph.get_operations() if "/" in op.name}
     own = sorted(x for x in scopes if re.fullmatch(re.escape(model.name) + r"(_\d+)?", x))
