@@ -30,6 +30,16 @@ from lmscore.validate import validate_plan
 
 pytestmark = pytest.mark.tf
 
+def _tuned(name: str, batch: int, fraction: float, **kwargs):
+    """Tune zoo step ``name`` to a device of its fixed memory + ``fraction`` of its
+    simulated transient peak (this CPU's kernel workspace): graph, device, result."""
+    g = zoo.graph(name)
+    base = simulate(g, batch, workspace="cpu")
+    device = int(base.persistent_bytes + base.input_bytes
+                 + fraction * base.transient_peak_bytes)
+    return g, device, tune(g, batch, device, workspace="cpu", **kwargs)
+
+
 CASES = [
     ("transformer_encoder", 32, 0.6),
     ("transformer_encoder", 32, 0.4),
@@ -54,11 +64,7 @@ _FITTED: list[str] = []
 
 @pytest.mark.parametrize("name, batch, fraction", CASES)
 def test_tuned_plan_fits_where_it_runs(name: str, batch: int, fraction: float) -> None:
-    g = zoo.graph(name)
-    base = simulate(g, batch, workspace="cpu")
-    device = int(base.persistent_bytes + base.input_bytes
-                 + fraction * base.transient_peak_bytes)
-    result = tune(g, batch, device, workspace="cpu")
+    g, device, result = _tuned(name, batch, fraction)
     if not result.fits:
         # an honest refusal: no plan simulated under the budget (checked by the tuner's own
         # property tests); it is counted so that the module cannot pass vacuously
@@ -82,11 +88,7 @@ def test_tuned_plan_fits_where_it_runs(name: str, batch: int, fraction: float) -
 
 @pytest.mark.parametrize("name, batch, fraction, strategy", RECOMPUTE_CASES)
 def test_plan_with_recomputes_fits_where_it_runs(name, batch, fraction, strategy) -> None:
-    g = zoo.graph(name)
-    base = simulate(g, batch, workspace="cpu")
-    device = int(base.persistent_bytes + base.input_bytes
-                 + fraction * base.transient_peak_bytes)
-    result = tune(g, batch, device, workspace="cpu", strategy=strategy)
+    g, device, result = _tuned(name, batch, fraction, strategy=strategy)
     if not result.fits and strategy == "recompute":
         # an honest refusal (recomputation alone fits MobileNetV2 at 80% under oneDNN's
         # kernels, not under Eigen's), as in test_tuned_plan_fits_where_it_runs
@@ -110,11 +112,7 @@ USER_RUNTIME_CASES = [("l2_clip_cnn", 16, 0.6), ("unet2d", 4, 0.4), ("dilated_co
 
 @pytest.mark.parametrize("name, batch, fraction", USER_RUNTIME_CASES)
 def test_tuned_convnet_plan_is_bit_identical_under_the_users_runtime(name, batch, fraction):
-    g = zoo.graph(name)
-    base = simulate(g, batch, workspace="cpu")
-    device = int(base.persistent_bytes + base.input_bytes
-                 + fraction * base.transient_peak_bytes)
-    result = tune(g, batch, device, workspace="cpu")
+    g, device, result = _tuned(name, batch, fraction)
     if not result.fits:
         assert result.message.startswith("does not fit")
         pytest.skip(result.message)  # Eigen's im2col buffers: see the cases above
@@ -134,10 +132,7 @@ def test_plan_in_a_memory_aware_order_fits_where_it_runs() -> None:
     The 2-D U-Net at 40%: no per-tensor swap plan fits in the executor's order, so the
     tuner plans again in a memory-aware one.
     """
-    g = zoo.graph("unet2d")
-    base = simulate(g, 4, workspace="cpu")
-    device = int(base.persistent_bytes + base.input_bytes + 0.4 * base.transient_peak_bytes)
-    result = tune(g, 4, device, workspace="cpu", strategy="swap")
+    g, device, result = _tuned("unet2d", 4, 0.4, strategy="swap")
     if not result.fits and "alone needs" in result.message:
         # Eigen's im2col buffer of one convolution gradient is over the budget by itself
         pytest.skip(result.message)
@@ -156,10 +151,7 @@ def test_a_swap_with_a_swap_in_per_idle_stretch_runs_as_simulated() -> None:
     by 0.1 MiB, so the tuner does not call it fitting; it is measured against B all the
     same, and against its predicted saving.
     """
-    g = zoo.graph("stochastic_depth_cnn")
-    base = simulate(g, 16, workspace="cpu")
-    device = int(base.persistent_bytes + base.input_bytes + 0.3 * base.transient_peak_bytes)
-    result = tune(g, 16, device, workspace="cpu")
+    g, device, result = _tuned("stochastic_depth_cnn", 16, 0.3)
     if not any(len(s.swap_ins) > 1 for s in result.plan.swaps):
         # Eigen's im2col buffers keep this budget out of reach of any plan
         pytest.skip(result.message)
