@@ -61,10 +61,11 @@ def scheduled(graph: Graph, names: Sequence[str]) -> Graph:
         before:  a -> b ;  a -> c        (b and c ready together, either may run first)
         after:   a -> b ;  a -> c ; b ->^ c
 
-    Two ops TensorFlow may merge into one kernel (:attr:`lmscore.ir.Graph.siblings`) are
-    chained as one: the later one moves up beside the earlier, and both wait for the op
-    before them and are waited for by the op after them, with no edge between them. A
-    chain through other ops between them would make the merged kernel wait for itself::
+    Ops TensorFlow may merge into one kernel (:attr:`lmscore.ir.Graph.siblings`) are
+    chained as one unit: the earlier move down beside the last, what waits for them moves
+    after the unit, and each waits for the op before the unit and is waited for by the op
+    after it, with no edge between them. A chain through other ops between two of them
+    would make the merged kernel wait for itself::
 
         names:   x, b, d, c, y          (b and c siblings, d does not need b)
         edges:   x ->^ d ->^ b ; d ->^ c ; b ->^ y ; c ->^ y
