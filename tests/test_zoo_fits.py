@@ -55,7 +55,6 @@ CASES = [
     ("fit_mixed_transformer", 4, 0.6),
     # dilated convolutions: SpaceToBatchND's tensors have batch x dilation rows
     ("dilated_conv1d", 16, 0.4),
-    ("l2_clip_cnn", 16, 0.6),
 ]
 #: Plans with recomputed tensors (the hybrid planner's per-tensor MILP, measured).
 RECOMPUTE_CASES = [("mobilenet_v2", 64, 0.7, "hybrid"), ("mobilenet_v2", 64, 0.8, "recompute")]
@@ -107,6 +106,8 @@ def test_plan_with_recomputes_fits_where_it_runs(name, batch, fraction, strategy
 #: of the bias gradient between the two and a swap-in for the filter gradient waited for
 #: it, the merged kernel waited for itself and TensorFlow ended the step without a loss
 #: ("Retval[0] does not have value", l2_clip_cnn at 60%).
+#: (l2_clip_cnn fits only under oneDNN's kernels, so it is measured here, not in CASES,
+#: which must mostly fit under both libraries.)
 USER_RUNTIME_CASES = [("l2_clip_cnn", 16, 0.6), ("unet2d", 4, 0.4), ("dilated_conv1d", 16, 0.4)]
 
 
