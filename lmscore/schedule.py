@@ -105,6 +105,7 @@ def _units(graph: Graph, names: Sequence[str]) -> list[tuple[str, ...]]:
     if not sib:
         return [(n,) for n in names]
     preds = graph.adjacency.preds
+    at = {i: n for n, i in enumerate(seq)}  # kept up to date as groups move
     unit_of: dict[int, int] = {}  # member -> its group's first member
     k = 0
     while k < len(seq):
@@ -115,30 +116,29 @@ def _units(graph: Graph, names: Sequence[str]) -> list[tuple[str, ...]]:
         group = {head, *sib[head]}
         for m in sib[head]:
             group.update(sib[m])
-        where = [n for n, i in enumerate(seq) if i in group]
-        last = where[-1]
-        if where[0] < k or not any(seq[n] in sib[head] for n in where):
+        where = sorted(at[m] for m in group if m in at)
+        if where[0] < k or not any(m in at for m in sib[head]):
             k += 1
             continue
+        last = where[-1]
         early, members, late = [], [head], []
         moved: set[int] = set()
-        ok = True
         for i in seq[k + 1:last + 1]:
             if i in group:
-                ok = not any(p in moved for p in preds[i])
-                if not ok:
-                    break
+                if any(p in moved for p in preds[i]):
+                    break  # a member waits for an op that would move: the group stays apart
                 members.append(i)
             elif any(p in moved or p in group for p in preds[i]):
                 moved.add(i)
                 late.append(i)
             else:
                 early.append(i)
-        if not ok:
-            k += 1
+        else:
+            seq[k:last + 1] = [*early, *members, *late]
+            at.update((i, n) for n, i in enumerate(seq[k:last + 1], k))
+            unit_of.update(dict.fromkeys(members, head))
             continue
-        seq[k:last + 1] = [*early, *members, *late]
-        unit_of.update(dict.fromkeys(members, head))
+        k += 1
     units: list[tuple[str, ...]] = []
     ops = graph.ops
     last_unit = None

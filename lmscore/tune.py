@@ -862,6 +862,16 @@ def _lower_bound(graph: Graph, base: Simulation) -> tuple[int, str]:
     return min(best + base.persistent_bytes + base.input_bytes, base.worst_peak_bytes), name
 
 
+#: Why no plan was made, by the search that found none.
+_NO_PLAN = {
+    "milp": ("does not fit: even every swap and recomputation considered at once leaves some "
+             "op over the budget ({budget} + {persistent} persistent), in the executor's "
+             "order and in a memory-aware one"),
+    "search": ("does not fit: no threshold of the TFLMS search, in any sync mode, fits the "
+               "budget ({budget} + {persistent} persistent)"),
+}
+
+
 def _result(graph, batch, plan, fitted, budget, memory, base, sim, base_seconds, seconds,
             strategy, ctx, min_peak, bound, knobs, workspace, reason: str = "") -> TuneResult:
     from .units import format_bytes
@@ -902,16 +912,11 @@ def _result(graph, batch, plan, fitted, budget, memory, base, sim, base_seconds,
                    f"{format_bytes(sim.peak_bytes)}) but holds "
                    f"{format_bytes(sim.host_peak_bytes)} on the host, over the host memory "
                    f"limit of {format_bytes(host)}")
-    elif reason in ("search", "milp"):
+    elif reason in _NO_PLAN:
         # no plan was made: the unplanned step's peak is no "smallest peak found"
-        tried = ("even every swap and recomputation considered at once leaves some op "
-                 "over the budget" if reason == "milp" else
-                 "no threshold of the TFLMS search, in any sync mode, fits the budget")
-        order_note = (", in the executor's order and in a memory-aware one"
-                      if reason == "milp" else "")
-        message = (f"does not fit: {tried} ({format_bytes(budget)} + "
-                   f"{format_bytes(base.persistent_bytes)} persistent){order_note}; no plan "
-                   f"gets below {format_bytes(min_peak)} (op {bound!r})")
+        message = _NO_PLAN[reason].format(
+            budget=format_bytes(budget), persistent=format_bytes(base.persistent_bytes)
+        ) + f"; no plan gets below {format_bytes(min_peak)} (op {bound!r})"
     else:
         message = (f"does not fit: the smallest peak found is {format_bytes(sim.peak_bytes)}"
                    f" (budget {format_bytes(budget)} + {format_bytes(base.persistent_bytes)} "
