@@ -22,7 +22,6 @@ import pytest
 import zoo
 
 from lmscore.export import to_graphdef
-from lmscore.measure import measure
 from lmscore.memory import simulate
 from lmscore.rewrite import rewrite
 from lmscore.tune import tune
@@ -118,13 +117,10 @@ def test_tuned_convnet_plan_is_bit_identical_under_the_users_runtime(name, batch
         assert result.message.startswith("does not fit")
         pytest.skip(result.message)  # Eigen's im2col buffers: see the cases above
     assert result.plan.pin_schedule and result.plan.swaps
+    from test_zoo_numerics import _assert_identical, _run  # 3 steps, default Grappler
+
     exported = to_graphdef(rewrite(g, result.plan).graph, mode="emulate")
-    before, after = (measure(data, batch, steps=3, devices=2, inter_op_threads=2,
-                             grappler=True) for data in (g.graphdef, exported))
-    assert before.finite and after.finite
-    assert np.array_equal(before.losses, after.losses)
-    for key, value in before.variables.items():
-        assert np.array_equal(value, after.variables[key]), key
+    _assert_identical(_run(g.graphdef, batch), _run(exported, batch))
 
 
 def test_plan_in_a_memory_aware_order_fits_where_it_runs() -> None:
