@@ -215,6 +215,10 @@ def parent_of(graph: Graph) -> Graph | None:
     return _PARENTS.get(graph)
 
 
+#: Kernels that update a resource variable row by row (see :attr:`Graph.copy_on_read`).
+SPARSE_UPDATES = ("ResourceSparseApply", "ResourceScatter")
+
+
 @dataclass(frozen=True, eq=False)
 class Graph:
     """An immutable training-step graph.
@@ -285,6 +289,21 @@ class Graph:
                 partners.update(dict.fromkeys(biases, tuple(filters)))
                 partners.update(dict.fromkeys(filters, tuple(biases)))
         return partners
+
+    @functools.cached_property
+    def copy_on_read(self) -> frozenset[tuple[int, int]]:
+        """Resource variables that a sparse kernel updates, as (op, port) of their handle.
+
+        A sparse update (``ResourceSparseApplyAdagrad``, ``ResourceScatterAdd``...) puts
+        the variable in copy-on-read mode for good (``EnsureSparseVariableAccess``): from
+        then on every ``ReadVariableOp`` of it copies the whole variable into a new
+        buffer instead of handing out the variable's own.
+        """
+        adj = self.adjacency
+        return frozenset(
+            adj.data_in[i][0] for i, op in enumerate(self.ops)
+            if op.type.startswith(SPARSE_UPDATES) and adj.data_in[i]
+        )
 
     def op(self, name: str) -> Op:
         """Return the op called ``name``.

@@ -451,6 +451,17 @@ def _variable_info(
                 non_negative = True
         elif node.op in _ASSIGNS and index == 0 and len(node.input) > 1:
             candidate = sub.output_shape(node.input[1])
+        elif node.op.startswith(("ResourceApply", "ResourceSparseApply")):
+            # tf.compat.v1.train optimizers: variable and slots share the gradient's shape
+            # (its rows for a sparse update) and the op's ``T``
+            node_dtype = node.attr["T"].type if "T" in node.attr else 0
+            grad = _apply_gradient_input(node)
+            out = sub.output_shape(grad) if grad is not None else None
+            candidate = None
+            if out is not None and node.op.startswith("ResourceApply"):
+                candidate = out
+            elif out is not None and len(out) >= 1:
+                partial = [-1, *out[1:]]
         elif node.op == "ResourceGather" and index == 0:
             out = sub.output_shape(node.name + ":0")
             idx = sub.output_shape(node.input[1])
@@ -466,6 +477,18 @@ def _variable_info(
     if shape is None and partial is not None and all(d >= 0 for d in partial):
         shape = _dims(partial)
     return dtype, shape, non_negative, used
+
+
+def _apply_gradient_input(node: node_def_pb2.NodeDef) -> str | None:
+    """The gradient (``grad`` or ``delta``) input of an optimizer's apply op, if any."""
+    op_def = op_def_registry.get(node.op)
+    if op_def is None:
+        return None
+    names = [arg.name for arg in op_def.input_arg]
+    for wanted in ("grad", "delta"):
+        if wanted in names and names.index(wanted) < len(node.input):
+            return node.input[names.index(wanted)]
+    return None
 
 
 def _reaches(scope: _Scope, name: str, targets: set[str], through: set[str], depth: int) -> bool:
@@ -715,11 +738,25 @@ def _collect(gdef: graph_pb2.GraphDef, batch_size: int) -> _Plan:
     loss = _find_loss(gdef, top, sinks)
     forward = _data_ancestors(top, loss)
 
+    infos = {
+        node.name: _variable_info(top, node.name, library)
+        for node in gdef.node
+        if node.op == "Placeholder" and node.attr["dtype"].type == _RESOURCE
+    }
+    # An optimizer slot that only its apply op uses takes the shape of the variable it
+    # is applied with (a sparse apply tells only the rows' shape).
+    for node in gdef.node:
+        if node.op.startswith(("ResourceApply", "ResourceSparseApply")):
+            peers = [i for i in node.input if i in infos]
+            known = [infos[i][1] for i in peers if infos[i][1] is not None]
+            for i in peers:
+                if infos[i][1] is None and known:
+                    infos[i] = (infos[i][0], known[0], *infos[i][2:])
     variables: list[_Var] = []
     for node in gdef.node:
-        if node.op != "Placeholder" or node.attr["dtype"].type != _RESOURCE:
+        if node.name not in infos or node.op != "Placeholder":
             continue
-        dtype, shape, reaches_root, used = _variable_info(top, node.name, library)
+        dtype, shape, reaches_root, used = infos[node.name]
         if not used:
             continue
         if dtype is None:

@@ -728,6 +728,8 @@ def _view_of(graph: Graph, sizes: Sizes, i: int, port: int) -> tuple[int, int] |
     ins = graph.adjacency.data_in[i]
     if not ins or op.attrs.get("_lms_role"):  # swap ops are copies, never views
         return None
+    if op.type == "ReadVariableOp" and ins[0] in graph.copy_on_read:
+        return None  # a variable that sparse kernels update is copied by each read
     if op.type in ALIAS_OPS:
         return ins[port] if op.type == "IdentityN" and port < len(ins) else ins[0]
     if op.type in _LIST_READS and port == _LIST_READS[op.type]:
@@ -791,7 +793,8 @@ def _update_copies(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffe
     updates: dict[tuple[int, int], list[int]] = {}
     for i, op in enumerate(ops):
         t = op.type
-        if (t == "ReadVariableOp" or t in writes) and data_in[i] and needed[i]:
+        if (t == "ReadVariableOp" or t in writes) and data_in[i] and needed[i] and (
+                data_in[i][0] not in graph.copy_on_read):  # (reads copy it: nothing shared)
             (reads if t == "ReadVariableOp" else updates).setdefault(data_in[i][0], []).append(i)
     # The schedule position of the last reader over all views of each read of a variable
     # that some update writes: views are followed from the read down its readers.

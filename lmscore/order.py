@@ -147,7 +147,7 @@ class Ordering:
     # Categories are computed on first use: the simulator never needs them, and a plan
     # edited in the web app re-orders the rewritten graph on every edit.
     @functools.cached_property
-    def _classified(self) -> tuple[tuple[str, ...], str | None]:
+    def _classified(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         return _categories(self.graph, self.topo)
 
     @property
@@ -158,6 +158,16 @@ class Ordering:
     @property
     def loss(self) -> str | None:
         """Name of the op identified as the loss, if the graph trains."""
+        return self._classified[1][0] if self._classified[1] else None
+
+    @property
+    def losses(self) -> tuple[str, ...]:
+        """Every loss the step differentiates, :attr:`loss` first.
+
+        A step with several gradient tapes (a GAN's generator and discriminator losses,
+        SAM's second pass, micro-batches accumulated) has one loss per tape; the step's
+        loss is the one it returns, else the first computed.
+        """
         return self._classified[1]
 
 
@@ -280,7 +290,9 @@ def _unscheduled(graph: Graph) -> Graph:
 
 
 @gc_paused()
-def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], str | None]:
+def _categories(
+    graph: Graph, topo: tuple[int, ...]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     graph = _unscheduled(graph)
     ops = graph.ops
     adj = graph.adjacency
@@ -355,12 +367,25 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
                         break
                 else:
                     only_writes[i] = True
+    # What a gradient kernel reads is the forward or the backward pass, never optimizer
+    # arithmetic, even where every later use is a write (a tf.compat.v1 optimizer applies
+    # the gradients themselves, so the seed's constant arithmetic leads only to writes).
+    to_kernel = [False] * n
+    for i in _applied_gradients(graph):
+        to_kernel[i] = True
+    for i in reversed(topo):
+        if cat[i] is None and not write[i] and (
+            to_kernel[i] or types[i] in GRADIENT_PORTS or any(to_kernel[c] for c in readers[i])
+        ):
+            to_kernel[i] = True
+        else:
+            to_kernel[i] = False
     update = [False] * n
     for i in topo:
         if cat[i] is not None:
             continue
         ins = data_in[i]
-        if only_writes[i]:
+        if only_writes[i] and not to_kernel[i]:
             update[i] = (
                 write[i]
                 or not from_data[i]
@@ -393,18 +418,21 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
                 feeds_write[i] = True
                 break
 
-    loss = None
+    losses: list[int] = []
     from_seed = [False] * n
     meets_seed = [False] * n
     gradient_side = [False] * n
     if any(update):
-        seed, loss, gradient_side = _gradient_structure(graph, topo, cat, from_input, only_writes)
-        if seed is None:  # no gradient kernel to tell the seed by: the widest constant 1
-            seed = _find_seed(graph, topo, cat)
-        if loss is None and seed is not None and ops[seed].type == "OnesLike" and adj.data_in[seed]:
-            loss = adj.data_in[seed][0][0]
-        if seed is not None:
-            from_seed[seed] = True
+        seeds, losses, gradient_side = _gradient_structure(
+            graph, topo, cat, from_input, only_writes)
+        if not seeds:  # no gradient kernel to tell the seed by: the widest constant 1
+            found = _find_seed(graph, topo, cat)
+            seeds = [found] if found is not None else []
+        if not losses and seeds and ops[seeds[0]].type == "OnesLike" and adj.data_in[seeds[0]]:
+            losses = [adj.data_in[seeds[0]][0][0]]
+        if seeds:
+            for seed in seeds:
+                from_seed[seed] = True
             for i in topo:
                 if cat[i] is None and not from_seed[i]:
                     for p, _ in data_in[i]:
@@ -422,25 +450,27 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
         # statistics, a metric's running total) are updates of state, not gradients; the
         # loss and what it is computed from are not, even where the step only stores
         # the loss (Keras' fit: the gradient is seeded without reading it).
-        on_loss = _closure(graph, [loss], cat, down=False) if loss is not None else [False] * n
+        on_loss = _closure(graph, losses, cat, down=False)
         for i in topo:
             if cat[i] is None and only_writes[i] and not (
                 from_seed[i] or gradient_side[i] or meets_seed[i] or on_loss[i]
             ):
-                if seed is not None or loss is not None:
+                if seeds or losses:
                     cat[i] = UPDATE
-        if loss is None:
+        if not losses:
             candidates = [
                 i for i in topo
                 if cat[i] is None and from_input[i] and not feeds_write[i] and not from_seed[i]
                 and ops[i].outputs and ops[i].outputs[0].dtype in _FLOATS
             ]
             apart = [i for i in candidates if not meets_seed[i]]
-            loss = _pick_loss(graph, apart or candidates)
+            picked = _pick_loss(graph, apart or candidates)
+            losses = [picked] if picked is not None else []
     forward = [False] * n
-    if loss is not None:
-        stack = [loss]
-        forward[loss] = True
+    if losses:
+        stack = list(losses)
+        for i in losses:
+            forward[i] = True
         while stack:
             i = stack.pop()
             for p, _ in adj.data_in[i]:
@@ -450,7 +480,7 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
     for i in topo:
         if cat[i] is not None:
             continue
-        if loss is None or forward[i]:
+        if not losses or forward[i]:
             cat[i] = FORWARD
         elif gradient_side[i] or feeds_write[i] or from_seed[i] or meets_seed[i] or any(
             cat[p] == BACKWARD for p, _ in adj.data_in[i]
@@ -458,7 +488,7 @@ def _categories(graph: Graph, topo: tuple[int, ...]) -> tuple[tuple[str, ...], s
             cat[i] = BACKWARD
         else:
             cat[i] = FORWARD  # outputs and metrics that read the forward pass
-    return tuple(c or FORWARD for c in cat), (ops[loss].name if loss is not None else None)
+    return tuple(c or FORWARD for c in cat), tuple(ops[i].name for i in losses)
 
 
 #: Gradient kernels and the inputs that carry the incoming gradient; their other
@@ -478,6 +508,30 @@ GRADIENT_PORTS: dict[str, tuple[int, ...]] = {
                      "MaxPool3DGrad", "MaxPoolGradWithArgmax"), (2,)),
     "StridedSliceGrad": (4,),
 }
+
+
+def _applied_gradients(graph: Graph) -> list[int]:
+    """Producers of the gradients that fused optimizer kernels apply (``ResourceApplyAdam``).
+
+    Of an apply's non-resource floating-point inputs, the gradient is the one of highest
+    rank (the variable's shape, or the updated rows'); the others are hyperparameters,
+    scalars. An apply to a scalar variable tells none apart, and gives none.
+    """
+    ops = graph.ops
+    adj = graph.adjacency
+    found = []
+    for c, op in enumerate(ops):
+        if not op.type.startswith(("ResourceApply", "ResourceSparseApply")):
+            continue
+        ranked = []
+        for p, port in adj.data_in[c]:
+            spec = ops[p].outputs[port]
+            if spec.dtype in _FLOATS and spec.shape is not None:
+                ranked.append((len(spec.shape), p))
+        ranked.sort(reverse=True)
+        if ranked and ranked[0][0] >= 1 and (len(ranked) == 1 or ranked[1][0] < ranked[0][0]):
+            found.append(ranked[0][1])
+    return found
 
 
 def _closure(
@@ -512,32 +566,34 @@ def _gradient_structure(
     cat: list[str | None],
     from_input: list[bool],
     only_writes: list[bool],
-) -> tuple[int | None, int | None, list[bool]]:
-    """Gradient seed, loss and the ops of the backward pass, found from gradient kernels.
+) -> tuple[list[int], list[int], list[bool]]:
+    """Gradient seeds, losses and the ops of the backward pass, found from gradient kernels.
 
     Gradient kernels (``ReluGrad``, ``Conv2DBackpropFilter``...) read the incoming gradient
     on known inputs (:data:`GRADIENT_PORTS`) and values of the forward pass on the others.
     So the ancestors of their forward inputs are the forward side, and the gradient seed
     is a constant 1 that leads to a gradient input without being on the forward side: a
     dropout's random range or the ``1`` of ``1 + erf(x)`` feed forward values and cannot be
-    taken for it. The loss is then a floating-point scalar computed from the feeds, not
-    from the seed nor from a gradient kernel; of those, the one with the most data
-    ancestors, walked back from values that only scale it for a write or for the tape
-    (loss scaling, a metric's running total) to the value the step returns.
+    taken for it. A step with several tapes has several seeds. Each seed's loss is then a
+    floating-point scalar computed from the feeds, not from a seed nor from a gradient
+    kernel: the one that computes the most of what its gradient reads, walked back from
+    values that only scale it for a write or for the tape (loss scaling, a metric's
+    running total) to the value the step returns.
 
     Returns
     -------
-    seed, loss : int or None
-        None when the graph has no gradient kernel (or no candidate).
+    seeds, losses : list of int
+        The step's loss first; empty when the graph has no gradient kernel (or no
+        candidate).
     backward : list of bool
-        Ops downstream of the seed or of a gradient kernel.
+        Ops downstream of a seed or of a gradient kernel.
     """
     ops = graph.ops
     adj = graph.adjacency
     n = len(ops)
     kernels = [i for i in topo if cat[i] is None and ops[i].type in GRADIENT_PORTS]
     if not kernels:
-        return None, None, [False] * n
+        return [], [], [False] * n
     fwd_in, grad_in = [], []
     for k in kernels:
         ports = GRADIENT_PORTS[ops[k].type]
@@ -599,12 +655,24 @@ def _gradient_structure(
             for t in seeds
         )
     }
-    seed = max((s for s in seeds if s not in upstream), key=lambda s: sum(below_of[s]),
-               default=None)
-    below_seed = below_of[seed] if seed is not None else [False] * n
+    # Steps with several tapes (a GAN's two losses, SAM's second pass, gradient
+    # accumulation over micro-batches) seed one gradient each: besides the seed of widest
+    # reach, a seed counts that reaches gradient kernels no other one does and whose own
+    # reach lies inside no other's.
+    reach = {s: sum(below_of[s]) for s in seeds}
+    chosen: list[int] = []
+    covered: set[int] = set()
+    for s in sorted((s for s in seeds if s not in upstream), key=lambda s: -reach[s]):
+        if not chosen or (covers[s] - covered and not any(
+                inside(below_of[s], below_of[t]) for t in chosen)):
+            chosen.append(s)
+            covered |= covers[s]
+    below_seed = [False] * n
+    for s in chosen:
+        below_seed = [a or b for a, b in zip(below_seed, below_of[s], strict=True)]
     # Without a seed, what the gradient kernels compute; with one, only what it reaches:
     # a transposed convolution runs a gradient kernel in the forward pass.
-    backward = below_seed if seed is not None else _closure(graph, kernels, cat, down=True)
+    backward = below_seed if chosen else _closure(graph, kernels, cat, down=True)
 
     def scalar_value(i: int) -> bool:
         if not from_input[i] or cat[i] is not None or not ops[i].outputs:
@@ -626,19 +694,53 @@ def _gradient_structure(
     apart = [i for i in topo if from_input[i] and not backward[i] and scalar_value(i)]
     pool = [i for i in apart if not meets[i]] or apart
     if not pool:
-        return seed, None, backward
-    size = {i: len(_ancestors(graph, i)) for i in pool}
-    loss = max(pool, key=lambda i: (size[i], -i))
-    in_pool = set(pool)
-    while True:
-        readers = adj.consumers.get((loss, 0), ())
-        if readers and not all(only_writes[c] for c in readers):
-            break
-        ins = [p for p, _ in adj.data_in[loss] if p in in_pool]
-        if len(ins) != 1:  # (two such values summed: the total of a model's losses)
-            break
-        loss = ins[0]
-    return seed, loss, backward
+        return chosen, [], backward
+    ancestors = {i: _ancestors(graph, i) for i in pool}
+    # Each seed's loss is what its gradient differentiates: of the values its gradient
+    # reads (activations, weights, a loss's own terms), the loss computes the most, and
+    # those of the other seeds the least (one micro-batch's loss, not the step's mean of
+    # them all); then the most ancestors (the total, not one of its terms).
+    reads = {
+        s: {p for j in range(n) if below_of[s][j] for p, _ in adj.data_in[j]
+            if not below_of[s][p] and ops[p].type != "Const"}
+        for s in chosen
+    }
+    losses: list[int] = []
+    for s in chosen or [None]:
+        own = reads.get(s, set())
+        others = set().union(*(reads[t] for t in chosen if t != s)) - own
+
+        def score(i: int, own: set[int] = own, others: set[int] = others) -> tuple:
+            a = ancestors[i]
+            return (len(own & a), -len(others & a), len(a), -i)
+
+        loss = max(pool, key=score)
+        in_pool = set(pool)
+        while True:
+            loss_readers = adj.consumers.get((loss, 0), ())
+            if loss_readers and not all(only_writes[c] for c in loss_readers):
+                break
+            ins = [p for p, _ in adj.data_in[loss] if p in in_pool]
+            if len(ins) != 1:  # (two such values summed: the total of a model's losses)
+                break
+            loss = ins[0]
+        if loss not in losses:
+            losses.append(loss)
+    # The step's loss first: the one it returns, else the first computed.
+    results = set(step_results(graph))
+
+    def returned(i: int) -> bool:
+        stack = [i]
+        while stack:
+            j = stack.pop()
+            if j in results:
+                return True
+            stack.extend(c for c in readers[j] if ops[c].type in OUTPUT_OPS)
+        return False
+
+    topo_pos = {i: k for k, i in enumerate(topo)}
+    losses.sort(key=lambda i: (not returned(i), topo_pos[i]))
+    return chosen, losses, backward
 
 
 def _ancestors(graph: Graph, i: int) -> set[int]:

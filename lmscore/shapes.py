@@ -483,6 +483,7 @@ def _variable_bytes(
         if best < 0:
             best = _bytes_in_functions(graph, i)
         out[op.name] = best
+    _bytes_from_peers(graph, out)
     return out
 
 
@@ -601,10 +602,33 @@ def _bytes_from_update(graph: Graph, var: int, nbytes: list[tuple[int, ...]]) ->
             if nbytes[p][port] >= 0:
                 return nbytes[p][port]
         if consumer.type.startswith("ResourceApply"):
-            p, port = adj.data_in[c][-1]  # the gradient, shaped like the variable
-            if nbytes[p][port] >= 0:
-                return nbytes[p][port]
+            # the gradient, shaped like the variable; the other values are hyperparameters
+            # (scalars), wherever the op takes them
+            sizes = [
+                nbytes[p][port] for p, port in adj.data_in[c]
+                if graph.ops[p].outputs[port].dtype != "resource"
+            ]
+            if sizes and min(sizes) >= 0:
+                return max(sizes)
     return -1
+
+
+def _bytes_from_peers(graph: Graph, out: dict[str, int]) -> None:
+    """Size optimizer slots that only their apply op uses like the variable it updates.
+
+    A sparse apply (``ResourceSparseApplyAdagradV2``) shows only the updated rows; the
+    variable and each slot it takes are the same size.
+    """
+    adj = graph.adjacency
+    ops = graph.ops
+    for c, op in enumerate(ops):
+        if not op.type.startswith(("ResourceApply", "ResourceSparseApply")):
+            continue
+        peers = [ops[p].name for p, _ in adj.data_in[c] if ops[p].name in out]
+        known = [out[name] for name in peers if out[name] >= 0]
+        for name in peers:
+            if out[name] < 0 and known:
+                out[name] = known[0]
 
 
 # --- Integer values of shape arithmetic -------------------------------------------------

@@ -94,6 +94,29 @@ def _custom_step(model, loss_fn, optimizer, x_spec, y_spec, *, clip: float | Non
     return cf, ("fwd/",)
 
 
+def _v1_step(model, loss_fn, optimizer, x_spec, y_spec):
+    """A custom-loop step applying a ``tf.compat.v1.train`` optimizer (fused apply kernels).
+
+    Its gradients go straight into ``ResourceApply*`` kernels, with no optimizer arithmetic
+    between, and its slots are variables that only those kernels use.
+    """
+    import tensorflow as tf
+
+    model(tf.zeros([1 if d is None else d for d in x_spec.shape], x_spec.dtype), training=False)
+    variables = [v.value for v in model.trainable_variables]  # the tf.Variables themselves
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            with tf.name_scope("fwd"):
+                value = tf.identity(loss_fn(y, model(x, training=True)), name="zoo_loss")
+        optimizer.apply_gradients(zip(tape.gradient(value, variables), variables, strict=True))
+        return value
+
+    cf = tf.function(step).get_concrete_function(x_spec, y_spec)
+    cf.zoo_objects = (model, optimizer)  # the function holds its variables weakly
+    return cf, ("fwd/",)
+
+
 def _fit_step(model, x_spec, y_spec):
     """Keras' own ``train_step`` (what ``model.fit`` runs), metrics and all."""
     import tensorflow as tf
@@ -339,6 +362,44 @@ def l2_clip_cnn(batch=None):
                         *_specs(batch, (32, 32, 3), ()), clip=1.0)
 
 
+def embedding_v1_adagrad(batch=None):
+    """Token embeddings trained by ``tf.compat.v1.train.AdagradOptimizer``.
+
+    The embedding's gradient is sparse (``ResourceSparseApplyAdagrad``): TensorFlow then
+    keeps the table in copy-on-read mode, and each read of it copies the whole table.
+    """
+    k = _keras()
+    import tensorflow as tf
+
+    k.utils.set_random_seed(21)
+    m = k.Sequential([k.Input((64,), dtype="int32"), k.layers.Embedding(20000, 32),
+                      k.layers.GlobalAveragePooling1D(),
+                      k.layers.Dense(32, activation="relu"), k.layers.Dense(4)],
+                     name="embv1")
+    return _v1_step(m, _sparse_ce(), tf.compat.v1.train.AdagradOptimizer(0.01),
+                    *_specs(batch, (64,), (), "int32"))
+
+
+def v1_momentum_cnn(batch=None):
+    """A BatchNorm CNN trained by ``tf.compat.v1.train.MomentumOptimizer`` (Nesterov).
+
+    Its slots are seen only by ``ResourceApplyMomentum``, whose gradient is not its last
+    input.
+    """
+    k = _keras()
+    import tensorflow as tf
+
+    k.utils.set_random_seed(22)
+    m = k.Sequential([k.Input((24, 24, 3)),
+                      k.layers.Conv2D(16, 3, padding="same", use_bias=False),
+                      k.layers.BatchNormalization(), k.layers.ReLU(),
+                      k.layers.MaxPooling2D(),
+                      k.layers.Conv2D(32, 3, padding="same", activation="relu"),
+                      k.layers.GlobalAveragePooling2D(), k.layers.Dense(10)], name="v1mom")
+    opt = tf.compat.v1.train.MomentumOptimizer(0.01, 0.9, use_nesterov=True)
+    return _v1_step(m, _sparse_ce(), opt, *_specs(batch, (24, 24, 3), ()))
+
+
 def mixed_precision_cnn(batch=None):
     k = _keras()
     k.utils.set_random_seed(14)
@@ -453,6 +514,8 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("bigru_rnn", bigru_rnn, 8, False),
     Entry("dilated_conv1d", dilated_conv1d, 8, False),
     Entry("l2_clip_cnn", l2_clip_cnn, 16, True),
+    Entry("embedding_v1_adagrad", embedding_v1_adagrad, 64, False),
+    Entry("v1_momentum_cnn", v1_momentum_cnn, 8, False),
     Entry("fit_two_heads", fit_two_heads, 8, False),
     Entry("huber_regression", huber_regression, 8, False),
     Entry("mixed_precision_cnn", mixed_precision_cnn, 4, False),

@@ -1,0 +1,186 @@
+"""Steps beyond one tape and a Keras optimizer, on hand-built graphs with exact answers.
+
+- two gradient tapes (a GAN, SAM, micro-batches): one seed and one loss each;
+- fused optimizer kernels (``tf.compat.v1.train``): the gradients go straight into
+  ``ResourceApply*``, and optimizer slots are seen by those kernels only;
+- sparse updates: TensorFlow keeps the variable in copy-on-read mode, each read copies it.
+"""
+
+from __future__ import annotations
+
+from graphs import t
+
+from lmscore.ir import Graph, Op
+from lmscore.memory import simulate
+from lmscore.order import order
+from lmscore.shapes import resolve
+
+F = "float"
+
+
+def _by_name(graph: Graph, values) -> dict[str, object]:
+    return {op.name: v for op, v in zip(graph.ops, values, strict=True)}
+
+
+def two_tape_step() -> Graph:
+    """Model A: a1 = relu(x @ w1), loss1 = sum(a1); model B: a2 = relu(a1 @ w2), loss2.
+
+    Tape 1 differentiates loss1 for w1, tape 2 loss2 for w2 only (a discriminator's loss
+    on a generator's output); the step returns loss1.
+    """
+    ops = [
+        Op("x", "Placeholder", outputs=t(F, 2, 4)),
+        Op("w1", "Placeholder", outputs=t("resource")),
+        Op("w2", "Placeholder", outputs=t("resource")),
+        Op("axes", "Const", outputs=t("int32", 2), attrs={"value": (0, 1)}),
+        Op("lr", "Const", outputs=t(F), attrs={"value": (0.1,)}),
+        Op("r1", "ReadVariableOp", inputs=("w1:0",), outputs=t(F, 4, 4)),
+        Op("r2", "ReadVariableOp", inputs=("w2:0",), outputs=t(F, 4, 2)),
+        Op("mm1", "MatMul", inputs=("x:0", "r1:0"), outputs=t(F, 2, 4)),
+        Op("a1", "Relu", inputs=("mm1:0",), outputs=t(F, 2, 4)),
+        Op("loss1", "Sum", inputs=("a1:0", "axes:0"), outputs=t(F)),
+        Op("mm2", "MatMul", inputs=("a1:0", "r2:0"), outputs=t(F, 2, 2)),
+        Op("a2", "Relu", inputs=("mm2:0",), outputs=t(F, 2, 2)),
+        Op("loss2", "Sum", inputs=("a2:0", "axes:0"), outputs=t(F)),
+        # tape 1
+        Op("ones1", "Const", outputs=t(F), attrs={"value": (1.0,)}),
+        Op("shape1", "Shape", inputs=("a1:0",), outputs=t("int32", 2)),
+        Op("g_tile1", "BroadcastTo", inputs=("ones1:0", "shape1:0"), outputs=t(F, 2, 4)),
+        Op("g_relu1", "ReluGrad", inputs=("g_tile1:0", "a1:0"), outputs=t(F, 2, 4)),
+        Op("g_w1", "MatMul", inputs=("x:0", "g_relu1:0"), outputs=t(F, 4, 4),
+           attrs={"transpose_a": True}),
+        Op("upd1", "Mul", inputs=("g_w1:0", "lr:0"), outputs=t(F, 4, 4)),
+        Op("apply1", "AssignSubVariableOp", inputs=("w1:0", "upd1:0")),
+        # tape 2
+        Op("ones2", "Const", outputs=t(F), attrs={"value": (1.0,)}),
+        Op("shape2", "Shape", inputs=("a2:0",), outputs=t("int32", 2)),
+        Op("g_tile2", "BroadcastTo", inputs=("ones2:0", "shape2:0"), outputs=t(F, 2, 2)),
+        Op("g_relu2", "ReluGrad", inputs=("g_tile2:0", "a2:0"), outputs=t(F, 2, 2)),
+        Op("g_w2", "MatMul", inputs=("a1:0", "g_relu2:0"), outputs=t(F, 4, 2),
+           attrs={"transpose_a": True}),
+        Op("upd2", "Mul", inputs=("g_w2:0", "lr:0"), outputs=t(F, 4, 2)),
+        Op("apply2", "AssignSubVariableOp", inputs=("w2:0", "upd2:0")),
+        Op("out", "Identity", inputs=("loss1:0",), control_inputs=("apply1", "apply2"),
+           outputs=t(F)),
+    ]
+    return Graph(tuple(ops), "two_tapes")
+
+
+def test_two_tapes_have_a_seed_and_a_loss_each():
+    g = two_tape_step()
+    o = order(g)
+    assert o.loss == "loss1"  # the one the step returns
+    assert o.losses == ("loss1", "loss2")
+    cats = _by_name(g, o.categories)
+    assert {k: cats[k] for k in ("mm1", "a1", "loss1", "mm2", "a2", "loss2")} == dict.fromkeys(
+        ("mm1", "a1", "loss1", "mm2", "a2", "loss2"), "forward")
+    backward = ("shape1", "g_tile1", "g_relu1", "g_w1", "shape2", "g_tile2", "g_relu2", "g_w2")
+    assert {k: cats[k] for k in backward} == dict.fromkeys(backward, "backward")
+    assert {k: cats[k] for k in ("upd1", "apply1", "upd2", "apply2")} == dict.fromkeys(
+        ("upd1", "apply1", "upd2", "apply2"), "update")
+
+
+def test_the_second_tape_alone_does_not_change_the_first():
+    # Without tape 2 (its ops and its write), the step is a one-tape step: one loss.
+    g = two_tape_step()
+    keep = [op for op in g.ops if not op.name.endswith("2") or op.name in ("w2", "r2")]
+    keep = [op if op.name != "out" else Op("out", "Identity", inputs=("loss1:0",),
+                                            control_inputs=("apply1",), outputs=t(F))
+            for op in keep]
+    one = Graph(tuple(keep), "one_tape")
+    assert order(one).losses == ("loss1",)
+
+
+def fused_apply_step(dense_slot: bool = True) -> Graph:
+    """A mean loss at a fixed batch of 2, its gradient applied by ``ResourceApplyMomentum``.
+
+    The mean's gradient divides the constant 1 by the constant batch size: nothing in it
+    depends on the data until ``ReluGrad``, and every use of it ends in the apply.
+    """
+    ops = [
+        Op("x", "Placeholder", outputs=t(F, 2, 4)),
+        Op("w", "Placeholder", outputs=t("resource")),
+        Op("accum", "Placeholder", outputs=t("resource")),  # the momentum slot
+        Op("axes", "Const", outputs=t("int32", 2), attrs={"value": (0, 1)}),
+        Op("lr", "Const", outputs=t(F), attrs={"value": (0.1,)}),
+        Op("momentum", "Const", outputs=t(F), attrs={"value": (0.9,)}),
+        Op("n", "Const", outputs=t(F), attrs={"value": (4.0,)}),
+        Op("shape", "Const", outputs=t("int32", 2), attrs={"value": (2, 2)}),
+        Op("r", "ReadVariableOp", inputs=("w:0",), outputs=t(F, 4, 2)),
+        Op("mm", "MatMul", inputs=("x:0", "r:0"), outputs=t(F, 2, 2)),
+        Op("act", "Relu", inputs=("mm:0",), outputs=t(F, 2, 2)),
+        Op("total", "Sum", inputs=("act:0", "axes:0"), outputs=t(F)),
+        Op("loss", "RealDiv", inputs=("total:0", "n:0"), outputs=t(F)),
+        Op("ones", "Const", outputs=t(F), attrs={"value": (1.0,)}),
+        Op("g_mean", "RealDiv", inputs=("ones:0", "n:0"), outputs=t(F)),
+        Op("g_tile", "BroadcastTo", inputs=("g_mean:0", "shape:0"), outputs=t(F, 2, 2)),
+        Op("g_relu", "ReluGrad", inputs=("g_tile:0", "act:0"), outputs=t(F, 2, 2)),
+        Op("g_w", "MatMul", inputs=("x:0", "g_relu:0"), outputs=t(F, 4, 2),
+           attrs={"transpose_a": True}),
+        Op("apply", "ResourceApplyMomentum",
+           inputs=("w:0", "accum:0", "lr:0", "g_w:0", "momentum:0"), attrs={"T": F}),
+        Op("out", "Identity", inputs=("loss:0",), control_inputs=("apply",), outputs=t(F)),
+    ]
+    return Graph(tuple(ops), "fused_apply")
+
+
+def test_gradients_applied_by_a_fused_kernel_are_the_backward_pass():
+    g = fused_apply_step()
+    o = order(g)
+    assert o.loss == "loss"
+    cats = _by_name(g, o.categories)
+    assert {k: cats[k] for k in ("mm", "act", "total", "loss")} == dict.fromkeys(
+        ("mm", "act", "total", "loss"), "forward")
+    # (g_mean and g_tile compute on constants only and lead only to the apply: without
+    # the apply's gradient input they were taken for optimizer arithmetic)
+    backward = ("g_mean", "g_tile", "g_relu", "g_w")
+    assert {k: cats[k] for k in backward} == dict.fromkeys(backward, "backward")
+    assert cats["apply"] == "update"
+
+
+def test_a_slot_seen_only_by_its_apply_is_the_size_of_the_gradient():
+    # ResourceApplyMomentum takes the gradient fourth, the momentum last (a scalar).
+    sizes = resolve(fused_apply_step(), 2)
+    assert sizes.variable_bytes == {"w": 32, "accum": 32}
+    assert simulate(fused_apply_step(), 2).persistent_bytes == 2 * 32 + 8 + 4 * 4 + 8
+
+
+def sparse_step(update: str) -> Graph:
+    """An embedding table (100 x 8 float32, 3200 B) read whole, then updated.
+
+    ``update`` is ``"sparse"`` (``ResourceSparseApplyAdagrad`` of 2 rows, its slot seen
+    by it alone) or ``"dense"`` (``AssignAddVariableOp``).
+    """
+    ops = [
+        Op("table", "Placeholder", outputs=t("resource")),
+        Op("accum", "Placeholder", outputs=t("resource")),
+        Op("idx", "Placeholder", outputs=t("int32", 2)),
+        Op("lr", "Const", outputs=t(F), attrs={"value": (0.1,)}),
+        Op("read", "ReadVariableOp", inputs=("table:0",), outputs=t(F, 100, 8)),
+        Op("rows", "GatherV2", inputs=("read:0", "idx:0"), outputs=t(F, 2, 8)),
+        Op("grad", "Neg", inputs=("rows:0",), outputs=t(F, 2, 8)),
+    ]
+    if update == "sparse":
+        ops.append(Op("apply", "ResourceSparseApplyAdagrad",
+                      inputs=("table:0", "accum:0", "lr:0", "grad:0", "idx:0"),
+                      attrs={"T": F}))
+    else:
+        ops += [
+            Op("full", "ScatterNd", inputs=("idx:0", "grad:0"), outputs=t(F, 100, 8)),
+            Op("apply", "AssignAddVariableOp", inputs=("table:0", "full:0")),
+        ]
+    ops.append(Op("out", "Identity", inputs=("rows:0",), control_inputs=("apply",),
+                  outputs=t(F, 2, 8)))
+    return Graph(tuple(ops), f"{update}_update")
+
+
+def test_a_sparsely_updated_variable_is_copied_by_each_read():
+    sparse = simulate(sparse_step("sparse"), 1)
+    assert sparse.persistent_bytes == 2 * 3200 + 4
+    copies = {b.tensor: b.bytes for b in sparse.buffers if b.tensor == "read:0"}
+    assert copies == {"read:0": 3200}
+    # A dense update leaves the read a view of the variable's own buffer.
+    dense = simulate(sparse_step("dense"), 1)
+    assert not [b for b in dense.buffers if b.tensor == "read:0"]
+    assert sparse_step("sparse").copy_on_read == frozenset({(0, 0)})
+    assert sparse_step("dense").copy_on_read == frozenset()
