@@ -39,9 +39,10 @@ What TensorFlow records on the CPU (TF 2.21, observed)
   ``ResourceApplyAdam``...) while an earlier ``ReadVariableOp`` of it is still referenced
   copies the variable into a new buffer, recorded under the update node. The variable's
   old buffer, allocated before the step, is released once the last reader of the old
-  value has run, and nothing records that. :func:`measure` adds the release as a record
-  of negative ``bytes`` (see :class:`Allocation`), so that the variable is not counted
-  twice from then on.
+  value has run, and nothing records that. So is it when ``AssignVariableOp`` adopts the
+  buffer of the value it assigns (``v.assign(tf.zeros_like(v))``). :func:`measure` adds
+  the release as a record of negative ``bytes`` (see :class:`Allocation`), so that the
+  variable is not counted twice from then on.
 * Ops inside functional control flow (``While``, ``If``, ``PartitionedCall``) are lowered
   or inlined by the runtime, recorded under runtime names prefixed by the call node's
   name (once per loop iteration), and reported under that call node's name.
@@ -937,15 +938,17 @@ class _Writes:
     holders : Mapping[str, tuple[str, ...]]
         For each read: the nodes that hold its buffer (the read, the views of it, and
         the consumers of either), whose last one to finish drops the last reference.
-    assigns : frozenset[str]
-        The update nodes that are ``AssignVariableOp``.
+    assigns : Mapping[str, tuple[str, ...] | None]
+        The update nodes that are ``AssignVariableOp``, each with the other readers of
+        the value it assigns (and of the views it is read through), or None when the
+        value cannot be adopted (a constant, a fed input).
     """
 
     sizes: Mapping[str, int]
     updates: Mapping[str, tuple[str, ...]]
     reads: Mapping[str, tuple[str, ...]]
     holders: Mapping[str, tuple[str, ...]]
-    assigns: frozenset[str]
+    assigns: Mapping[str, tuple[str, ...] | None]
 
 
 def _is_update(op: str) -> bool:
@@ -972,7 +975,7 @@ def _variable_writes(gdef: graph_pb2.GraphDef, variables: Iterable[_Var]) -> _Wr
         return name if name in sizes else None
 
     updates: dict[str, tuple[str, ...]] = {}
-    assigns: set[str] = set()
+    assigns: dict[str, tuple[str, ...] | None] = {}
     reads: dict[str, list[str]] = defaultdict(list)
     holders: dict[str, tuple[str, ...]] = {}
     for node in gdef.node:
@@ -997,13 +1000,23 @@ def _variable_writes(gdef: graph_pb2.GraphDef, variables: Iterable[_Var]) -> _Wr
             if written:
                 updates[node.name] = tuple(written)
                 if node.op == "AssignVariableOp":
-                    assigns.add(node.name)
+                    value = node.input[1].split(":")[0] if len(node.input) > 1 else ""
+                    chain = [value]
+                    while value in top.nodes and top.nodes[value].op in _VIEWS and (
+                            value not in chain[:-1]) and top.nodes[value].input:
+                        value = top.nodes[value].input[0].split(":")[0]
+                        chain.append(value)
+                    root = top.nodes.get(value)
+                    others = {c.name for v in chain for c, _ in top.consumers.get(v, ())}
+                    others -= {node.name, *chain}
+                    assigns[node.name] = None if root is None or root.op in (
+                        "Const", "Placeholder", "HostConst") else tuple(sorted(others))
     return _Writes(
         sizes=sizes,
         updates=updates,
         reads={k: tuple(v) for k, v in reads.items()},
         holders=holders,
-        assigns=frozenset(assigns),
+        assigns=MappingProxyType(assigns),
     )
 
 
@@ -1143,13 +1156,17 @@ def _copy_releases(
     records nothing, so the release is returned as an :class:`Allocation` of negative
     bytes at that time, under the update node.
 
+    An ``AssignVariableOp`` that is the last user of its value adopts the value's buffer
+    (recorded under whichever kernel allocated it, the value having perhaps been computed
+    in place): the old buffer goes at the assignment, or when the last read of it is
+    done.
+
     Only a variable's first copy in the step is released: a later copy replaces a buffer
     allocated during the step, whose deallocation is recorded. A var-sized record is only
     taken for a copy if a read of the variable is held until the copy is allocated (a
     record the reads do not explain, e.g. a read held inside a function body, is left as
-    it is), and a variable is left alone once an ``AssignVariableOp`` has run on it (it
-    may adopt its value's buffer, leaving the old one to an unknown release). Either way
-    the double count stays, which can only overestimate.
+    it is), and a variable is left alone after an ``AssignVariableOp`` that adopted
+    nothing. Either way the double count stays, which can only overestimate.
 
     Parameters
     ----------
@@ -1170,14 +1187,19 @@ def _copy_releases(
         One negative record per released variable buffer.
     """
     begin: dict[str, int] = {}  # earliest kernel start of each node, ns (orders kernels)
+    first: dict[str, int] = {}  # the same, us from the step start
     end: dict[str, int] = {}  # latest kernel end of each node, us from the step start
+    device: dict[str, str] = {}  # where each variable's writes ran
     for ds in step_stats.dev_stats:
         for ns in ds.node_stats:
             node = names(ns.node_name)
             started = ns.all_start_nanos or ns.all_start_micros * 1000
             finished = ns.all_start_micros + ns.all_end_rel_micros - start
             begin[node] = min(begin.get(node, started), started)
+            first[node] = min(first.get(node, finished), ns.all_start_micros - start)
             end[node] = max(end.get(node, finished), finished)
+            for var in writes.updates.get(node, ()):
+                device.setdefault(var, _short_device(ds.device))
     # Candidate copies: records of update kernels that outlive the kernel.
     made: dict[str, list[Allocation]] = defaultdict(list)
     for a in allocations:
@@ -1185,6 +1207,7 @@ def _copy_releases(
             a.free_us is None or a.free_us > end[a.node]
         ):
             made[a.node].append(a)
+    allocator = {a.device: a.allocator for a in allocations if a.bytes > 0}
     writers: dict[str, list[str]] = defaultdict(list)
     for node, variables in writes.updates.items():
         if node in begin:
@@ -1210,6 +1233,16 @@ def _copy_releases(
                 if h in end
             ]
             until = max(held, default=-1)
+            others = writes.assigns.get(node, None)
+            if copy is None and others is not None and node in first and all(
+                    end.get(o, -1) <= first[node] for o in others):
+                # AssignVariableOp adopts the buffer of a value it is the last user of
+                # (``forward_input``): the variable's old buffer goes at the assignment,
+                # or when the last read of it is done.
+                releases.append(Allocation(
+                    node, device[var], allocator.get(device[var], ""), -size,
+                    max(until, end[node]), None))
+                break
             if copy is not None and until >= copy.alloc_us:
                 taken.add(id(copy))
                 releases.append(

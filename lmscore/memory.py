@@ -714,7 +714,11 @@ _WHILE_OPS = frozenset({"While", "StatelessWhile"})
 
 #: Op types :func:`_view_of` may find a view in (it answers None for all others).
 _VIEW_TYPES = ALIAS_OPS | _LIST_READS.keys() | _WHILE_OPS | _REDUCTIONS | {
-    "Transpose", "StridedSlice", "Slice"}
+    "Transpose", "StridedSlice", "Slice", "Split", "SplitV"}
+#: Alignment a split's parts must keep to share its input's buffer: TensorFlow's
+#: ``EIGEN_MAX_ALIGN_BYTES``, 64 on AVX-512 builds (a coarser build shares more, never
+#: less, so the prediction holds on any machine).
+_SPLIT_ALIGN = 64
 
 
 def _view_of(graph: Graph, sizes: Sizes, i: int, port: int) -> tuple[int, int] | None:
@@ -746,6 +750,8 @@ def _view_of(graph: Graph, sizes: Sizes, i: int, port: int) -> tuple[int, int] |
             if sizes.nbytes[src[0]][src[1]] > 0:  # elements set in place in a full list
                 return src
         return None
+    if op.type in ("Split", "SplitV"):
+        return _split_part_of(sizes, ins, op.type == "Split", len(op.outputs))
     if op.type in _REDUCTIONS or op.type in ("Transpose", "StridedSlice", "Slice"):
         src = sizes.shapes[ins[0][0]][ins[0][1]]
         out = sizes.shapes[i][port]
@@ -760,6 +766,42 @@ def _view_of(graph: Graph, sizes: Sizes, i: int, port: int) -> tuple[int, int] |
         # a reduction over no axis, or a slice that keeps everything
         return ins[0] if math.prod(src) == math.prod(out) else None
     return None
+
+
+def _split_part_of(
+    sizes: Sizes, ins: list[tuple[int, int]], split: bool, n_parts: int
+) -> tuple[int, int] | None:
+    """The input a ``Split``/``SplitV`` output is a slice of, if it shares its buffer.
+
+    TensorFlow's split kernels hand out slices of the input, no copy, when they split the
+    first axis into parts that keep the alignment (``SplitHasAlignedOutputsInFirstDimension``
+    in ``split_op.cc``): for a vector, each part's start and size; otherwise the bytes of
+    one row. A single part is the input itself.
+    """
+    value, axis = (ins[1], ins[0]) if split else (ins[0], ins[2] if len(ins) > 2 else None)
+    if n_parts == 1:
+        return value
+    shape = sizes.shapes[value[0]][value[1]]
+    dim = sizes.values.get(axis) if axis is not None else None
+    nbytes = sizes.nbytes[value[0]][value[1]]
+    if shape is None or -1 in shape or not shape or dim is None or len(dim) != 1 or nbytes <= 0:
+        return None
+    if dim[0] % len(shape) != 0:
+        return None
+    if shape[0] == 0:
+        return None
+    row = nbytes // shape[0]
+    if len(shape) > 1:
+        return value if row % _SPLIT_ALIGN == 0 else None
+    parts = [shape[0] // n_parts] * n_parts if split else sizes.values.get(ins[1])
+    if parts is None:
+        return None
+    start = 0
+    for part in parts:
+        if (start * row) % _SPLIT_ALIGN or (part * row) % _SPLIT_ALIGN:
+            return None
+        start += part
+    return value
 
 
 @functools.lru_cache(maxsize=1024)

@@ -272,6 +272,37 @@ def test_variable_copied_on_write_is_counted_once(copied, steps):
     assert result.persistent_bytes["CPU:0"] >= size
 
 
+def test_assigned_value_adopted_by_the_variable_is_counted_once():
+    # w.assign(zeros_like(w)) (the reset of a gradient accumulator): AssignVariableOp is
+    # the last user of the zeros and adopts their buffer as the variable's; the old
+    # buffer, allocated before the step, goes then, unrecorded. A Tile after the reset
+    # makes the peak.
+    w = tf.Variable(tf.ones([64, 64]))
+
+    @tf.function
+    def step(x):
+        reset = w.assign(tf.zeros_like(w), read_value=False)
+        with tf.control_dependencies([reset]):
+            return tf.reduce_sum(tf.tile(x, [1, 8]))
+
+    gdef = step.get_concrete_function(tf.TensorSpec([None, 64])).graph.as_graph_def(
+        add_shapes=True)
+    zeros = next(n.name for n in gdef.node if n.op == "ZerosLike" or n.name == "zeros_like")
+    result = measure(gdef.SerializeToString(), 64, steps=2)
+    size = 64 * 64 * 4
+    by_node = {}
+    for a in result.allocations:
+        by_node.setdefault(a.node, []).append(a)
+    assign = next(n.name for n in gdef.node if n.op == "AssignVariableOp")
+    (adopted,) = by_node[zeros]
+    (release,) = by_node[assign]  # at the assignment, under it
+    assert (adopted.bytes, adopted.free_us) == (size, None)
+    assert (release.bytes, release.free_us) == (-size, None)
+    assert release.alloc_us >= adopted.alloc_us
+    # At the sum: x, the tiled 64x512 float32 and the sum, the variable counted once.
+    assert result.peak_bytes == {"CPU:0": size + 64 * 512 * 4 + 4}
+
+
 def test_unknown_non_batch_dimension_raises_run_error():
     @tf.function
     def step(features):

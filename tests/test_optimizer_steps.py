@@ -184,3 +184,29 @@ def test_a_sparsely_updated_variable_is_copied_by_each_read():
     assert not [b for b in dense.buffers if b.tensor == "read:0"]
     assert sparse_step("sparse").copy_on_read == frozenset({(0, 0)})
     assert sparse_step("dense").copy_on_read == frozenset()
+
+
+def split_step(columns: int, parts: int = 2) -> Graph:
+    """x (4 x ``columns`` float32) split along its first axis into ``parts``, each summed."""
+    ops = [
+        Op("x", "Placeholder", outputs=t(F, 4, columns)),
+        Op("axis", "Const", outputs=t("int32"), attrs={"value": (0,)}),
+        Op("split", "Split", inputs=("axis:0", "x:0"),
+           outputs=t(F, 4 // parts, columns) * parts, attrs={"num_split": parts}),
+        *(Op(f"e{k}", "Exp", inputs=(f"split:{k}",), outputs=t(F, 4 // parts, columns))
+          for k in range(parts)),
+        Op("out", "AddN", inputs=tuple(f"e{k}:0" for k in range(parts)),
+           outputs=t(F, 4 // parts, columns)),
+    ]
+    return Graph(tuple(ops), "split")
+
+
+def test_a_split_of_aligned_rows_is_views_of_its_input():
+    # Rows of 16 floats (64 B) keep TensorFlow's alignment: the parts are slices of x.
+    aligned = {b.tensor for b in simulate(split_step(16), 1).buffers}
+    assert not aligned & {"split:0", "split:1"}
+    # Rows of 3 floats (12 B) do not: each part is a new buffer.
+    copied = {b.tensor: b.bytes for b in simulate(split_step(3), 1).buffers}
+    assert (copied["split:0"], copied["split:1"]) == (24, 24)
+    # One part is the input itself.
+    assert "split:0" not in {b.tensor for b in simulate(split_step(3, 1), 1).buffers}

@@ -400,6 +400,99 @@ def v1_momentum_cnn(batch=None):
     return _v1_step(m, _sparse_ce(), opt, *_specs(batch, (24, 24, 3), ()))
 
 
+def _small_cnn(k, name):
+    return k.Sequential([k.Input((32, 32, 3)),
+                         k.layers.Conv2D(16, 3, padding="same", activation="relu"),
+                         k.layers.MaxPooling2D(),
+                         k.layers.Conv2D(32, 3, padding="same", activation="relu"),
+                         k.layers.MaxPooling2D(),
+                         k.layers.Flatten(), k.layers.Dense(64, activation="relu"),
+                         k.layers.Dense(10)], name=name)
+
+
+def grad_accum_cnn(batch=None):
+    """Gradients of two micro-batches (two tapes) summed into accumulators, then applied.
+
+    The accumulators are reset with ``assign(zeros_like)``, which TensorFlow adopts as
+    their buffers; ``tf.split`` hands out slices of the batch. The loss is micro-batch
+    0's; the step returns the mean of both.
+    """
+    k = _keras()
+    import tensorflow as tf
+
+    k.utils.set_random_seed(23)
+    m = _small_cnn(k, "gradacc")
+    loss_fn = _sparse_ce()
+    opt = k.optimizers.SGD(0.01)
+    x_spec, y_spec = _specs(batch, (32, 32, 3), ())
+    m(tf.zeros([1, 32, 32, 3]), training=False)
+    opt.build(m.trainable_variables)
+    accs = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="acc")
+            for v in m.trainable_variables]
+
+    def step(x, y):
+        for a in accs:
+            a.assign(tf.zeros_like(a))
+        xs, ys = tf.split(x, 2), tf.split(y, 2)
+        losses = []
+        for i in range(2):
+            with tf.GradientTape() as tape:
+                with tf.name_scope("fwd"):
+                    value = tf.identity(loss_fn(ys[i], m(xs[i], training=True)),
+                                        name="zoo_loss" if i == 0 else "micro_loss")
+            for a, g in zip(accs, tape.gradient(value, m.trainable_variables), strict=True):
+                a.assign_add(g / 2)
+            losses.append(value)
+        opt.apply_gradients(zip([a.read_value() for a in accs], m.trainable_variables,
+                                strict=True))
+        return tf.add_n(losses) / 2
+
+    cf = tf.function(step).get_concrete_function(x_spec, y_spec)
+    cf.zoo_objects = (m, opt, accs)  # the function holds its variables weakly
+    return cf, ("fwd/",)
+
+
+def sam_cnn(batch=None):
+    """Sharpness-aware minimization: a gradient, a step up it, a second gradient there.
+
+    Two tapes over the same model; the step returns the first loss, Adam applies the
+    second gradient.
+    """
+    k = _keras()
+    import tensorflow as tf
+
+    k.utils.set_random_seed(24)
+    m = _small_cnn(k, "samcnn")
+    loss_fn = _sparse_ce()
+    opt = k.optimizers.Adam(1e-3)
+    x_spec, y_spec = _specs(batch, (32, 32, 3), ())
+    m(tf.zeros([1, 32, 32, 3]), training=False)
+    opt.build(m.trainable_variables)
+
+    def step(x, y):
+        tv = m.trainable_variables
+        with tf.GradientTape() as tape:
+            with tf.name_scope("fwd"):
+                value = tf.identity(loss_fn(y, m(x, training=True)), name="zoo_loss")
+        grads = tape.gradient(value, tv)
+        scale = 0.05 / (tf.linalg.global_norm(grads) + 1e-12)
+        eps = [g * scale for g in grads]
+        for v, e in zip(tv, eps, strict=True):
+            v.assign_add(e)
+        with tf.GradientTape() as tape2:
+            with tf.name_scope("fwd"):
+                value2 = tf.identity(loss_fn(y, m(x, training=True)), name="sam_loss")
+        grads2 = tape2.gradient(value2, tv)
+        for v, e in zip(tv, eps, strict=True):
+            v.assign_sub(e)
+        opt.apply_gradients(zip(grads2, tv, strict=True))
+        return value
+
+    cf = tf.function(step).get_concrete_function(x_spec, y_spec)
+    cf.zoo_objects = (m, opt)  # the function holds its variables weakly
+    return cf, ("fwd/",)
+
+
 def mixed_precision_cnn(batch=None):
     k = _keras()
     k.utils.set_random_seed(14)
@@ -516,6 +609,8 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("l2_clip_cnn", l2_clip_cnn, 16, True),
     Entry("embedding_v1_adagrad", embedding_v1_adagrad, 64, False),
     Entry("v1_momentum_cnn", v1_momentum_cnn, 8, False),
+    Entry("grad_accum_cnn", grad_accum_cnn, 16, True),
+    Entry("sam_cnn", sam_cnn, 8, True),
     Entry("fit_two_heads", fit_two_heads, 8, False),
     Entry("huber_regression", huber_regression, 8, False),
     Entry("mixed_precision_cnn", mixed_precision_cnn, 4, False),
