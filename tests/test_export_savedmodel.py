@@ -223,7 +223,10 @@ def _zoo_steps() -> list[str]:
     """Small zoo steps (tests/zoo.py): custom loops and Keras ``fit`` steps."""
     zoo = pytest.importorskip("zoo")
     heavy = {"mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0"}  # minutes each
-    return [n for n in zoo.SMALL if n not in heavy]
+    # tf.compat.v1.train optimizers keep their slots untracked: tf.saved_model.save
+    # refuses the original step too ("references an 'untracked' resource")
+    unsaveable = {"embedding_v1_adagrad", "v1_momentum_cnn"}
+    return [n for n in zoo.SMALL if n not in heavy | unsaveable]
 
 
 def _zoo_batch(spec: Any, batch: int, rng: np.random.Generator) -> np.ndarray:
