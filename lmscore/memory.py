@@ -778,7 +778,9 @@ def _split_part_of(
     in ``split_op.cc``): for a vector, each part's start and size; otherwise the bytes of
     one row. A single part is the input itself.
     """
-    value, axis = (ins[1], ins[0]) if split else (ins[0], ins[2] if len(ins) > 2 else None)
+    if len(ins) < (2 if split else 3):  # (a malformed node: no view to find)
+        return None
+    value, axis = (ins[1], ins[0]) if split else (ins[0], ins[2])
     if n_parts == 1:
         return value
     shape = sizes.shapes[value[0]][value[1]]

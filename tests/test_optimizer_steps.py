@@ -210,3 +210,10 @@ def test_a_split_of_aligned_rows_is_views_of_its_input():
     assert (copied["split:0"], copied["split:1"]) == (24, 24)
     # One part is the input itself.
     assert "split:0" not in {b.tensor for b in simulate(split_step(3, 1), 1).buffers}
+
+
+def test_a_split_without_its_inputs_is_no_view():
+    # A malformed GraphDef (a fuzzed one): a Split with its value but no axis.
+    g = Graph((Op("x", "Placeholder", outputs=t(F, 4, 16)),
+               Op("split", "Split", inputs=("x:0",), outputs=t(F, 4, 16))))
+    assert {b.tensor: b.bytes for b in simulate(g, 1).buffers} == {"split:0": 256}
