@@ -101,7 +101,7 @@ from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 from tensorflow.python.framework import op_def_registry
 
 from lmscore.errors import ConfigError, GraphError, RunError
-from lmscore.order import OUTPUT_OPS
+from lmscore.order import FUSED_APPLIES, OUTPUT_OPS
 from lmscore.timeline import live_curve
 
 __all__ = ["CPU_ALLOCATORS", "Allocation", "Measurement", "measure", "synthetic_inputs"]
@@ -462,7 +462,7 @@ def _variable_info(
                 non_negative = True
         elif node.op in _ASSIGNS and index == 0 and len(node.input) > 1:
             candidate = sub.output_shape(node.input[1])
-        elif node.op.startswith(("ResourceApply", "ResourceSparseApply")):
+        elif node.op.startswith(FUSED_APPLIES):
             # tf.compat.v1.train optimizers: variable and slots share the gradient's shape
             # (its rows for a sparse update) and the op's ``T``
             node_dtype = node.attr["T"].type if "T" in node.attr else 0
@@ -757,7 +757,7 @@ def _collect(gdef: graph_pb2.GraphDef, batch_size: int) -> _Plan:
     # An optimizer slot that only its apply op uses takes the shape of the variable it
     # is applied with (a sparse apply tells only the rows' shape).
     for node in gdef.node:
-        if node.op.startswith(("ResourceApply", "ResourceSparseApply")):
+        if node.op.startswith(FUSED_APPLIES):
             peers = [i for i in node.input if i in infos]
             known = [infos[i][1] for i in peers if infos[i][1] is not None]
             for i in peers:

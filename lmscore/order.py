@@ -371,8 +371,10 @@ def _categories(
     # arithmetic, even where every later use is a write (a tf.compat.v1 optimizer applies
     # the gradients themselves, so the seed's constant arithmetic leads only to writes).
     to_kernel = [False] * n
-    for i in _applied_gradients(graph):
-        to_kernel[i] = True
+    for c in range(n):
+        grad = applied_gradient(graph, c)
+        if grad is not None:
+            to_kernel[grad[0]] = True
     for i in reversed(topo):
         if cat[i] is None and not write[i] and (
             to_kernel[i] or types[i] in GRADIENT_PORTS or any(to_kernel[c] for c in readers[i])
@@ -510,28 +512,31 @@ GRADIENT_PORTS: dict[str, tuple[int, ...]] = {
 }
 
 
-def _applied_gradients(graph: Graph) -> list[int]:
-    """Producers of the gradients that fused optimizer kernels apply (``ResourceApplyAdam``).
+#: Fused optimizer kernels (``tf.compat.v1.train``, legacy Keras): each updates a
+#: variable and its slots from one gradient input.
+FUSED_APPLIES = ("ResourceApply", "ResourceSparseApply")
 
-    Of an apply's non-resource floating-point inputs, the gradient is the one of highest
+
+def applied_gradient(graph: Graph, c: int) -> tuple[int, int] | None:
+    """The gradient tensor a fused optimizer kernel (:data:`FUSED_APPLIES`) applies.
+
+    Of the kernel's non-resource floating-point inputs, the gradient is the one of highest
     rank (the variable's shape, or the updated rows'); the others are hyperparameters,
-    scalars. An apply to a scalar variable tells none apart, and gives none.
+    scalars, wherever the op takes them (``ResourceApplyMomentum`` takes the gradient
+    fourth, its momentum last). An apply to a scalar variable tells none apart: None.
     """
     ops = graph.ops
-    adj = graph.adjacency
-    found = []
-    for c, op in enumerate(ops):
-        if not op.type.startswith(("ResourceApply", "ResourceSparseApply")):
-            continue
-        ranked = []
-        for p, port in adj.data_in[c]:
-            spec = ops[p].outputs[port]
-            if spec.dtype in _FLOATS and spec.shape is not None:
-                ranked.append((len(spec.shape), p))
-        ranked.sort(reverse=True)
-        if ranked and ranked[0][0] >= 1 and (len(ranked) == 1 or ranked[1][0] < ranked[0][0]):
-            found.append(ranked[0][1])
-    return found
+    if not ops[c].type.startswith(FUSED_APPLIES):
+        return None
+    ranked = []
+    for p, port in graph.adjacency.data_in[c]:
+        spec = ops[p].outputs[port]
+        if spec.dtype in _FLOATS and spec.shape is not None:
+            ranked.append((len(spec.shape), (p, port)))
+    ranked.sort(reverse=True)
+    if ranked and ranked[0][0] >= 1 and (len(ranked) == 1 or ranked[1][0] < ranked[0][0]):
+        return ranked[0][1]
+    return None
 
 
 def _closure(

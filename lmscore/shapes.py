@@ -29,7 +29,7 @@ from typing import Any
 
 from .errors import ConfigError, GraphError
 from .ir import FEED_OPS, VARIABLE_OPS, Graph, Op, dtype_bytes, gc_paused
-from .order import order
+from .order import FUSED_APPLIES, applied_gradient, order
 
 _ELEMENT_PRESERVING = frozenset({"Reshape", "Squeeze", "ExpandDims", "Bitcast", "Flatten"})
 _MAX_BYTES = 2**62
@@ -602,14 +602,9 @@ def _bytes_from_update(graph: Graph, var: int, nbytes: list[tuple[int, ...]]) ->
             if nbytes[p][port] >= 0:
                 return nbytes[p][port]
         if consumer.type.startswith("ResourceApply"):
-            # the gradient, shaped like the variable; the other values are hyperparameters
-            # (scalars), wherever the op takes them
-            sizes = [
-                nbytes[p][port] for p, port in adj.data_in[c]
-                if graph.ops[p].outputs[port].dtype != "resource"
-            ]
-            if sizes and min(sizes) >= 0:
-                return max(sizes)
+            grad = applied_gradient(graph, c)  # shaped like the variable
+            if grad is not None and nbytes[grad[0]][grad[1]] >= 0:
+                return nbytes[grad[0]][grad[1]]
     return -1
 
 
@@ -622,7 +617,7 @@ def _bytes_from_peers(graph: Graph, out: dict[str, int]) -> None:
     adj = graph.adjacency
     ops = graph.ops
     for c, op in enumerate(ops):
-        if not op.type.startswith(("ResourceApply", "ResourceSparseApply")):
+        if not op.type.startswith(FUSED_APPLIES):
             continue
         peers = [ops[p].name for p, _ in adj.data_in[c] if ops[p].name in out]
         known = [out[name] for name in peers if out[name] >= 0]

@@ -22,6 +22,22 @@ def _by_name(graph: Graph, values) -> dict[str, object]:
     return {op.name: v for op, v in zip(graph.ops, values, strict=True)}
 
 
+def _tape(k: int, layer_input: str, act: tuple[int, int], weight: tuple[int, int]) -> list[Op]:
+    """Tape ``k``: seeded by the constant ``ones{k}``, the gradient of loss``k`` = sum(a``k``)
+    for w``k``, through ``ReluGrad`` and the weight's ``MatMul``, applied by SGD."""
+    return [
+        Op(f"ones{k}", "Const", outputs=t(F), attrs={"value": (1.0,)}),
+        Op(f"shape{k}", "Shape", inputs=(f"a{k}:0",), outputs=t("int32", 2)),
+        Op(f"g_tile{k}", "BroadcastTo", inputs=(f"ones{k}:0", f"shape{k}:0"),
+           outputs=t(F, *act)),
+        Op(f"g_relu{k}", "ReluGrad", inputs=(f"g_tile{k}:0", f"a{k}:0"), outputs=t(F, *act)),
+        Op(f"g_w{k}", "MatMul", inputs=(f"{layer_input}:0", f"g_relu{k}:0"),
+           outputs=t(F, *weight), attrs={"transpose_a": True}),
+        Op(f"upd{k}", "Mul", inputs=(f"g_w{k}:0", "lr:0"), outputs=t(F, *weight)),
+        Op(f"apply{k}", "AssignSubVariableOp", inputs=(f"w{k}:0", f"upd{k}:0")),
+    ]
+
+
 def two_tape_step() -> Graph:
     """Model A: a1 = relu(x @ w1), loss1 = sum(a1); model B: a2 = relu(a1 @ w2), loss2.
 
@@ -42,24 +58,8 @@ def two_tape_step() -> Graph:
         Op("mm2", "MatMul", inputs=("a1:0", "r2:0"), outputs=t(F, 2, 2)),
         Op("a2", "Relu", inputs=("mm2:0",), outputs=t(F, 2, 2)),
         Op("loss2", "Sum", inputs=("a2:0", "axes:0"), outputs=t(F)),
-        # tape 1
-        Op("ones1", "Const", outputs=t(F), attrs={"value": (1.0,)}),
-        Op("shape1", "Shape", inputs=("a1:0",), outputs=t("int32", 2)),
-        Op("g_tile1", "BroadcastTo", inputs=("ones1:0", "shape1:0"), outputs=t(F, 2, 4)),
-        Op("g_relu1", "ReluGrad", inputs=("g_tile1:0", "a1:0"), outputs=t(F, 2, 4)),
-        Op("g_w1", "MatMul", inputs=("x:0", "g_relu1:0"), outputs=t(F, 4, 4),
-           attrs={"transpose_a": True}),
-        Op("upd1", "Mul", inputs=("g_w1:0", "lr:0"), outputs=t(F, 4, 4)),
-        Op("apply1", "AssignSubVariableOp", inputs=("w1:0", "upd1:0")),
-        # tape 2
-        Op("ones2", "Const", outputs=t(F), attrs={"value": (1.0,)}),
-        Op("shape2", "Shape", inputs=("a2:0",), outputs=t("int32", 2)),
-        Op("g_tile2", "BroadcastTo", inputs=("ones2:0", "shape2:0"), outputs=t(F, 2, 2)),
-        Op("g_relu2", "ReluGrad", inputs=("g_tile2:0", "a2:0"), outputs=t(F, 2, 2)),
-        Op("g_w2", "MatMul", inputs=("a1:0", "g_relu2:0"), outputs=t(F, 4, 2),
-           attrs={"transpose_a": True}),
-        Op("upd2", "Mul", inputs=("g_w2:0", "lr:0"), outputs=t(F, 4, 2)),
-        Op("apply2", "AssignSubVariableOp", inputs=("w2:0", "upd2:0")),
+        *_tape(1, "x", (2, 4), (4, 4)),
+        *_tape(2, "a1", (2, 2), (4, 2)),
         Op("out", "Identity", inputs=("loss1:0",), control_inputs=("apply1", "apply2"),
            outputs=t(F)),
     ]
