@@ -370,18 +370,12 @@ def _categories(
     # What a gradient kernel reads is the forward or the backward pass, never optimizer
     # arithmetic, even where every later use is a write (a tf.compat.v1 optimizer applies
     # the gradients themselves, so the seed's constant arithmetic leads only to writes).
+    applied = {g[0] for c in range(n) if (g := applied_gradient(graph, c)) is not None}
     to_kernel = [False] * n
-    for c in range(n):
-        grad = applied_gradient(graph, c)
-        if grad is not None:
-            to_kernel[grad[0]] = True
     for i in reversed(topo):
-        if cat[i] is None and not write[i] and (
-            to_kernel[i] or types[i] in GRADIENT_PORTS or any(to_kernel[c] for c in readers[i])
-        ):
-            to_kernel[i] = True
-        else:
-            to_kernel[i] = False
+        to_kernel[i] = cat[i] is None and not write[i] and (
+            i in applied or types[i] in GRADIENT_PORTS or any(to_kernel[c] for c in readers[i])
+        )
     update = [False] * n
     for i in topo:
         if cat[i] is not None:
@@ -711,6 +705,7 @@ def _gradient_structure(
         for s in chosen
     }
     losses: list[int] = []
+    in_pool = set(pool)
     for s in chosen or [None]:
         own = reads.get(s, set())
         others = set().union(*(reads[t] for t in chosen if t != s)) - own
@@ -720,7 +715,6 @@ def _gradient_structure(
             return (len(own & a), -len(others & a), len(a), -i)
 
         loss = max(pool, key=score)
-        in_pool = set(pool)
         while True:
             loss_readers = adj.consumers.get((loss, 0), ())
             if loss_readers and not all(only_writes[c] for c in loss_readers):
