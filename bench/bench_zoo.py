@@ -39,8 +39,9 @@ BATCHES = {"transformer_encoder": 32, "mobilenet_v2": 64, "stochastic_depth_cnn"
 def main(argv: list[str]) -> None:
     chosen = argv or list(zoo.SMALL)
     print(f"kernel library: {cpu_kernel_library()}")
-    print("| model | ops | batch | unmodified sim/meas | budget | fits | rewritten sim/meas | "
-          "measured / B | saving meas/pred | numerics (Grappler off / default) | tune s |")
+    print("| model | ops | batch | unmodified sim/meas (session's order) | budget | fits | "
+          "rewritten sim/meas | measured / B | saving meas/pred | "
+          "numerics (Grappler off / default) | tune s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for item in chosen:
         name, _, b = item.partition(":")
@@ -55,7 +56,8 @@ def main(argv: list[str]) -> None:
             t0 = time.perf_counter()
             r = tune(g, batch, device, workspace="cpu")
             seconds = time.perf_counter() - t0
-            head = f"| {name} | {len(g.ops)} | {batch} | {v0.ratio:.3f} | {frac:.0%} |"
+            head = (f"| {name} | {len(g.ops)} | {batch} | {v0.ratio:.3f} "
+                    f"({v0.replayed_ratio:.3f}) | {frac:.0%} |")
             if not r.fits:
                 print(f"{head} no: {r.message[:70]} | | | | | {seconds:.2f} |", flush=True)
                 continue

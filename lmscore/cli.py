@@ -497,8 +497,13 @@ def _cmd_validate(args: argparse.Namespace) -> int:
              f"{report['transient_ratio']:.3f}"],
             ["device peak", format_bytes(report["simulated_peak_bytes"]),
              format_bytes(report["measured_peak_bytes"]), f"{report['ratio']:.3f}"],
+            ["  in the session's order", format_bytes(report["replayed_peak_bytes"]),
+             format_bytes(report["measured_peak_bytes"]), f"{report['replayed_ratio']:.3f}"],
         ],
     ))
+    if abs(report["replayed_ratio"] - report["ratio"]) > 0.005:
+        print("  TensorFlow's executor ran independent ops in another order than the "
+              "simulator's; that order is drawn anew in each session")
     print(f"  losses {', '.join(f'{v:.6g}' for v in report['losses'])}; "
           f"finite: {'yes' if report['finite'] else 'NO'}")
     return 0

@@ -278,6 +278,12 @@ class Measurement:
         One mapping per step run with ``op_time_steps``: each node's kernel seconds and
         kernel count in that step (:func:`_op_times`), keyed by the node's name in the
         original graph (runtime-only nodes keep their runtime names).
+    executed : tuple of str
+        The nodes of the original graph in the order the measured step started them on
+        ``CPU:0`` (each once, at its first kernel; nodes lowered or inlined from a function
+        body count as their enclosing node). With one device and ``inter_op_threads=-1``
+        the kernels run one at a time, so this is the executor's order of that session,
+        which :func:`lmscore.memory.simulate` can replay (``schedule=``).
     """
 
     peak_bytes: Mapping[str, int]
@@ -289,6 +295,7 @@ class Measurement:
     step_seconds: tuple[float, ...] = ()
     allocator_peak_bytes: int | None = None
     op_times: tuple[Mapping[str, tuple[float, int]], ...] = ()
+    executed: tuple[str, ...] = ()
 
     @property
     def kernel_library(self) -> str:
@@ -1516,7 +1523,10 @@ def measure(
                 if step == traced:
                     if bfc:
                         tf.config.experimental.reset_memory_stats("CPU:0")
-                    options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE)
+                    options = config_pb2.RunOptions(
+                        trace_level=config_pb2.RunOptions.FULL_TRACE,
+                        output_partition_graphs=True,
+                    )
                     value, _ = session.run(
                         [loss, targets],
                         feed_dict=feed_dict,
@@ -1583,7 +1593,74 @@ def measure(
         step_seconds=tuple(step_seconds),
         allocator_peak_bytes=allocator_peak,
         op_times=tuple(_op_times(s, names, feeds) for s in traces),
+        executed=_executed(run_metadata, names, feeds, gdef),
     )
+
+
+def _executed(
+    run_metadata: config_pb2.RunMetadata,
+    names: _NameMap,
+    feeds: Mapping[str, str],
+    gdef: graph_pb2.GraphDef,
+) -> tuple[str, ...]:
+    """Original node names in the order their first kernel started on ``CPU:0``.
+
+    Nodes the runtime fused into another (oneDNN's layout pass: ``Conv2D`` into the
+    ``BiasAdd`` after it, ``BiasAddGrad`` into the ``Conv2DBackpropFilter`` beside it) have
+    no kernel of their own; each is placed just before the node that ran it: the node
+    its consumers now read from instead, else the consumer that took it in (one that
+    reads the fused node's own inputs in its place).
+    """
+    def original(runtime: str) -> str:
+        return feeds.get(runtime) or names(runtime)
+
+    started: dict[str, None] = {}
+    for ds in run_metadata.step_stats.dev_stats:
+        if _short_device(ds.device) != "CPU:0":
+            continue
+        # Stable: kernels started in the same microsecond keep the order of the records.
+        for ns in sorted(ds.node_stats, key=lambda n: (n.all_start_nanos, n.all_start_micros)):
+            started.setdefault(original(ns.node_name), None)
+    rank = {name: k for k, name in enumerate(started)}
+
+    runtime_inputs: dict[str, set[str]] = {}
+    for pg in run_metadata.partition_graphs:
+        for node in pg.node:
+            ins = runtime_inputs.setdefault(original(node.name), set())
+            for t in node.input:
+                if not t.startswith("^"):
+                    producer, _, port = t.partition(":")
+                    ins.add(f"{original(producer)}:{port or 0}")
+    nodes = {n.name: n for n in gdef.node}
+    consumers: dict[str, list[str]] = defaultdict(list)
+    for n in gdef.node:
+        for t in n.input:
+            if not t.startswith("^"):
+                consumers[t.partition(":")[0]].append(n.name)
+
+    before: dict[str, list[str]] = defaultdict(list)
+    for name, node in nodes.items():
+        if name in rank or name in runtime_inputs:
+            continue
+        own = {t.partition(":")[0] for t in node.input if not t.startswith("^")}
+        anchors = []
+        for c in consumers.get(name, ()):
+            if c not in rank or c not in nodes:
+                continue
+            was = {_tensor_key(t) for t in nodes[c].input if not t.startswith("^")}
+            new = {t for t in runtime_inputs.get(c, ()) - was
+                   if t.rpartition(":")[0] not in own}
+            anchors += [t.rpartition(":")[0] for t in new] or [c]
+        anchors = [a for a in anchors if a in rank]
+        if anchors:
+            before[min(anchors, key=rank.__getitem__)].append(name)
+    return tuple(x for name in started for x in (*before.get(name, ()), name))
+
+
+def _tensor_key(t: str) -> str:
+    """``name:port`` of a data input (port 0 spelled out)."""
+    producer, _, port = t.partition(":")
+    return f"{producer}:{port or 0}"
 
 
 def _op_times(

@@ -34,12 +34,12 @@ import functools
 import math
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .errors import ConfigError, GraphError
 from .ir import FEED_OPS, VARIABLE_OPS, Graph, Op, dtype_bytes, gc_paused
-from .order import Ordering, order
+from .order import Ordering, order, replayed
 from .shapes import LoopBody, Sizes, loop_body, resolve
 
 #: Ops whose output ``k`` is a view of input ``k`` (0 for single-output ops).
@@ -433,6 +433,7 @@ def simulate(
     sizes: Sizes | None = None,
     host_op: Callable[[str, dict], bool] = is_host_op,
     workspace: str = "accelerator",
+    executed: Sequence[str] = (),
 ) -> Simulation:
     """Simulate the memory of one training step, level by level.
 
@@ -464,6 +465,10 @@ def simulate(
         - ``"none"``: tensors only (today the same as ``"accelerator"``).
         - ``"cpu"``: the CPU library TensorFlow runs in this process
           (:func:`cpu_kernel_library`); for validation on this machine only.
+    executed : sequence of str, optional
+        Replay the order of one measured session (op names as they started,
+        :attr:`lmscore.measure.Measurement.executed`; :func:`lmscore.order.replayed`)
+        instead of the first-in first-out order in graph order, which predictions use.
 
     Returns
     -------
@@ -491,7 +496,7 @@ def simulate(
         workspace = cpu_kernel_library()
     if sizes is None:
         sizes = resolve(graph, batch_size)
-    return _simulate(graph, batch_size, sizes, host_op, workspace, 0)
+    return _simulate(graph, batch_size, sizes, host_op, workspace, 0, executed)
 
 
 def _simulate(
@@ -501,9 +506,10 @@ def _simulate(
     host_op: Callable[[str, dict], bool],
     workspace: str,
     depth: int,
+    executed: Sequence[str] = (),
 ) -> Simulation:
     """:func:`simulate` with its arguments checked; ``depth`` counts enclosing loops."""
-    ordering = order(graph)
+    ordering = replayed(order(graph), executed) if executed else order(graph)
     buffers, persistent, feeds = _buffers(graph, ordering, sizes, host_op)
     buffers += _update_copies(graph, ordering, sizes)
     if workspace in ("eigen", "onednn"):

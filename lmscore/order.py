@@ -19,7 +19,9 @@ Categories are derived from the structure of the step, never from names:
 from __future__ import annotations
 
 import functools
+import heapq
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from .errors import GraphError
@@ -236,6 +238,54 @@ def order(graph: Graph) -> Ordering:
         by_level[lvl].append(i)
     topo = tuple(i for ops in by_level for i in ops)
     return Ordering(lv, tuple(tuple(o) for o in by_level), topo, fifo, graph)
+
+
+def replayed(ordering: Ordering, executed: Sequence[str]) -> Ordering:
+    """``ordering`` with the schedule of a run whose executor started ops in ``executed``.
+
+    TensorFlow's executor draws its order of ready ops anew in each session (see
+    :mod:`lmscore.measure`), so a measured peak belongs to one order; replaying that order
+    separates what the memory model gets right from what the order changes.
+
+    Parameters
+    ----------
+    ordering : Ordering
+        :func:`order` of the graph.
+    executed : sequence of str
+        Op names in the order they ran (:attr:`lmscore.measure.Measurement.executed`).
+        Ops not named (constants, pruned ops) run as soon as they are ready.
+
+    Returns
+    -------
+    Ordering
+        The same levels and categories; ``schedule`` is the topological order that runs
+        every ready op by its rank in ``executed``.
+
+    Examples
+    --------
+    >>> from lmscore.ir import Graph, Op, TensorSpec
+    >>> f = (TensorSpec("float", (4,)),)
+    >>> g = Graph((Op("x", "Placeholder", outputs=f), Op("a", "Relu", inputs=("x:0",), outputs=f),
+    ...            Op("b", "Tanh", inputs=("x:0",), outputs=f)))
+    >>> order(g).schedule, replayed(order(g), ["x", "b", "a"]).schedule
+    ((0, 1, 2), (0, 2, 1))
+    """
+    graph = ordering.graph
+    rank = {name: k for k, name in enumerate(executed)}
+    key = [rank.get(op.name, -1) for op in graph.ops]
+    adj = graph.adjacency
+    indeg = [len(p) for p in adj.preds]
+    ready = [(key[i], i) for i in range(len(indeg)) if indeg[i] == 0]
+    heapq.heapify(ready)
+    schedule: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)[1]
+        schedule.append(i)
+        for s in adj.succs[i]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(ready, (key[s], s))
+    return replace(ordering, schedule=tuple(schedule))
 
 
 def distance(ordering: Ordering, producer: int, consumer: int) -> int:

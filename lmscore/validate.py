@@ -54,6 +54,14 @@ class Validation:
         Whether losses and variables stayed finite (a NaN run proves nothing).
     kernel_library : str
         The CPU kernels that ran and were simulated: ``"onednn"`` or ``"eigen"``.
+    replayed_peak_bytes : int
+        Device peak simulated in the order the measured session ran its ops
+        (:func:`lmscore.order.replayed`). TensorFlow's executor draws that order anew in
+        each session, and where independent branches overlap the peak follows it;
+        ``simulated_peak_bytes`` is the simulator's own order, which predictions use.
+    replayed_ratio : float
+        ``replayed_peak_bytes / measured_peak_bytes``: the memory model's accuracy with
+        the session's order taken out.
     """
 
     batch_size: int
@@ -69,6 +77,8 @@ class Validation:
     losses: tuple[float, ...]
     finite: bool
     kernel_library: str = ""
+    replayed_peak_bytes: int = 0
+    replayed_ratio: float = math.nan
 
     def as_dict(self) -> dict[str, Any]:
         """The ``lms validate --json`` object."""
@@ -113,6 +123,7 @@ def validate(graph: Graph, batch_size: int, *, steps: int = 2, seed: int = 0,
     report(0.9, "simulating")
     library = m.kernel_library or cpu_kernel_library()
     sim = simulate(graph, batch_size, workspace=library)
+    replay = simulate(graph, batch_size, workspace=library, executed=m.executed)
     device = "CPU:0"
     measured_step = int(m.peak_bytes.get(device, 0))
     measured_persistent = int(m.persistent_bytes.get(device, 0))
@@ -132,6 +143,8 @@ def validate(graph: Graph, batch_size: int, *, steps: int = 2, seed: int = 0,
         losses=tuple(m.losses),
         finite=m.finite,
         kernel_library=library,
+        replayed_peak_bytes=replay.peak_bytes,
+        replayed_ratio=replay.peak_bytes / measured_total if measured_total else float("inf"),
     )
 
 

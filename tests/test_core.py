@@ -9,7 +9,7 @@ import lmscore
 from lmscore.errors import ConfigError, GraphError
 from lmscore.ir import Graph, Op, TensorSpec, lint
 from lmscore.memory import hotspots, live_at, simulate
-from lmscore.order import order
+from lmscore.order import order, replayed
 from lmscore.shapes import resolve
 
 
@@ -292,3 +292,30 @@ def test_swappable_rows_are_the_candidates(sample):
                 views = {row.tensor, row.swap_tensor}
                 assert not views & cands, (level, row)
     assert checked > 0
+
+
+def test_replaying_a_sessions_order_moves_the_peak_exactly():
+    # Two independent branches: x -> ma -> sa and x -> mb -> sb, joined by out. The
+    # simulator's order runs ma and mb before either reduction (both 1 KiB products alive
+    # at once); a session that ran ma, sa, mb, sb holds one at a time.
+    big, small = (TensorSpec("float", (-1, 256)),), (TensorSpec("float", (-1, 1)),)
+    g = Graph((
+        Op("x", "Placeholder", outputs=big),
+        Op("ma", "Exp", inputs=("x:0",), outputs=big),
+        Op("mb", "Exp", inputs=("x:0",), outputs=big),
+        Op("w", "Placeholder", outputs=(TensorSpec("float", (256, 1)),)),
+        Op("sa", "MatMul", inputs=("ma:0", "w:0"), outputs=small),
+        Op("sb", "MatMul", inputs=("mb:0", "w:0"), outputs=small),
+        Op("out", "AddV2", inputs=("sa:0", "sb:0"), outputs=small),
+    ))
+    fifo = simulate(g, 1)
+    assert order(g).schedule == (0, 3, 1, 2, 4, 5, 6)
+    assert fifo.transient_peak_bytes == 1024 + 1024 + 4
+    session = ["x", "w", "ma", "sa", "mb", "sb", "out"]
+    assert replayed(order(g), session).schedule == (0, 3, 1, 4, 2, 5, 6)
+    replay = simulate(g, 1, executed=session)
+    assert replay.transient_peak_bytes == 1024 + 4 + 4
+    # Ops a session does not name (constants, ops fused into others) run when ready.
+    assert replayed(order(g), ["mb", "sb"]).schedule == (0, 1, 3, 4, 2, 5, 6)
+    # Levels and categories are the graph's, whatever the order.
+    assert replay.device_curve[0] == fifo.device_curve[0]

@@ -420,3 +420,36 @@ def test_graphs_that_reach_outside_are_not_run(tmp_path, kind):
                                        r"graph: refusing to run it$"):
         measure(gdef.SerializeToString(), 2)
     assert not target.exists() and not called
+
+
+def test_executed_is_the_sessions_order_with_fused_ops_in_place():
+    # A convolution with a bias: oneDNN's layout pass runs Conv2D inside the BiasAdd after
+    # it and BiasAddGrad inside Conv2DBackpropFilter, so neither has a kernel of its own.
+    import importlib
+
+    import lmscore
+
+    order = importlib.import_module("lmscore.order").order
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3),
+                              keras.layers.Flatten(), keras.layers.Dense(5)])
+    specs = (tf.TensorSpec([None, 8, 8, 3]), tf.TensorSpec([None], tf.int32))
+    gdef = _train_step(model, keras.optimizers.SGD(0.1), specs)
+    graph = lmscore.from_graphdef_bytes(gdef.SerializeToString(), source="conv")
+    run = measure(gdef.SerializeToString(), 4)
+    ranked = {name: k for k, name in enumerate(run.executed)}
+    assert len(ranked) == len(run.executed)
+    ordering = order(graph)
+    # Every op the step runs is placed, constants aside (they may be cached across steps).
+    missing = [op.name for i, op in enumerate(graph.ops)
+               if ordering.needed[i] and op.type != "Const" and op.name not in ranked]
+    assert missing == []
+    # ... after every producer of its inputs: the order is one the executor can run.
+    for op in graph.ops:
+        for t in op.inputs:
+            producer = t.lstrip("^").partition(":")[0]
+            if op.name in ranked and producer in ranked:
+                assert ranked[producer] < ranked[op.name], (producer, op.name)
+    conv = next(op.name for op in graph.ops if op.type == "Conv2D")
+    bias = next(op.name for op in graph.ops if op.type == "BiasAdd")
+    assert ranked[conv] < ranked[bias]

@@ -39,6 +39,7 @@ def test_simulated_peak_matches_measured(sample):
     assert abs(v.measured_persistent_bytes - v.simulated_persistent_bytes) <= 128
     assert abs(v.transient_ratio - 1) <= TOLERANCE, v
     assert abs(v.ratio - 1) <= TOLERANCE, v
+    assert abs(v.replayed_ratio - 1) <= TOLERANCE, v
 
 
 def test_validate_cli_json_contract():
@@ -47,7 +48,8 @@ def test_validate_cli_json_contract():
         capture_output=True, text=True, check=True,
     ).stdout
     report = json.loads(out)
-    for key in ("measured_peak_bytes", "simulated_peak_bytes", "ratio"):
+    for key in ("measured_peak_bytes", "simulated_peak_bytes", "ratio", "replayed_peak_bytes",
+                "replayed_ratio"):
         assert key in report
     assert report["measured_peak_bytes"] > 0
     assert report["batch_size"] == 32

@@ -3,7 +3,12 @@
 Each step is traced in this process (``zoo.build``), run under TensorFlow and simulated
 with the kernels TensorFlow really ran (oneDNN or Eigen, read from the records), so every
 test holds with ``TF_ENABLE_ONEDNN_OPTS=0`` and ``=1`` alike. The device peak (persistent
-memory + feeds + transient) must be within 5% of the measured one, unmodified step.
+memory + feeds + transient) of the unmodified step, simulated in the order the measured
+session ran its ops, must be within 5% of the measured one; simulated in the simulator's
+own order (the prediction), it must not be more than 5% below it. Where the executor's
+order does not move the peak the two simulations are the same, so the prediction is then
+within 5% too; where it does (the GAN), the executor draws its order anew in each session
+and the simulator's order gave the highest peak of every session measured.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ def _check(name: str, batch: int | None = None) -> None:
     assert v.finite
     # The records tell which kernels ran; detection without running must agree.
     assert v.kernel_library == cpu_kernel_library()
-    assert abs(v.ratio - 1) <= TOLERANCE, v
+    assert abs(v.replayed_ratio - 1) <= TOLERANCE, v
+    assert v.ratio >= 1 - TOLERANCE, v
 
 
 #: Gaps whose size depends on the executor's order of independent ops in the measured
