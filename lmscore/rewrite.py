@@ -291,7 +291,10 @@ def _released(graph: Graph, releases: list[tuple[str, str]], exact: bool) -> Gra
         producer, port = split_tensor(tensor)
         out = graph.index[out_name]
         near = adj.consumers.get((graph.index[producer], port), ())
-        last = max((pos[c] for c in near if c != out), default=pos[graph.index[producer]])
+        # Readers the step prunes never run, so they hold nothing (a tape's gradient
+        # nobody applies): waiting for them put the release after the backward pass.
+        last = max((pos[c] for c in near if c != out and needed[c]),
+                   default=pos[graph.index[producer]])
         release = None
         for i in schedule[max(last, pos[out]) + 1:]:
             if exact:

@@ -252,6 +252,36 @@ def test_swap_out_release_skips_ops_the_step_prunes():
     assert new.op("dead").control_inputs == () and new.op("shape").control_inputs == ()
 
 
+@pytest.mark.parametrize("pin", [False, True])
+def test_swap_out_release_ignores_readers_the_step_prunes(pin):
+    """A pruned reader of the swapped tensor never runs, so the buffer is free without it.
+
+    Waiting for it put the release after the backward pass: a GAN's tuned plan (the
+    discriminator's tape reads the generator's activations for gradients nobody applies)
+    then held the swapped tensors until their late swap-outs ran, 1.25x its budget.
+    """
+    big, small = t("float", 1, 1000), t("float", 1, 8)
+    g = Graph((
+        Op("x", "Placeholder", outputs=small),
+        Op("w", "Placeholder", outputs=t("resource")),
+        Op("a", "Conv2D", inputs=("x:0",), outputs=big),
+        Op("b", "Conv2D", inputs=("a:0",), outputs=small),
+        Op("c", "Conv2D", inputs=("b:0",), outputs=small),
+        Op("d", "Conv2D", inputs=("c:0",), outputs=small),
+        Op("f", "Conv2D", inputs=("d:0", "a:0"), outputs=small),
+        Op("dead", "Greater", inputs=("a:0", "f:0"), outputs=t("bool", 1, 1000)),  # unread
+        Op("upd", "AssignSubVariableOp", inputs=("w:0", "f:0")),
+    ), "pruned reader")
+    o = lmscore.order(g)
+    assert [g.ops[i].name for i in range(len(g.ops)) if not o.needed[i]] == ["dead"]
+    plan = Plan(fingerprint(g), swaps=(Swap("a:0", (SwapIn(("f",), "d"),)),),
+                pin_schedule=pin)
+    new = rewrite(g, plan).graph
+    assert "lms/swapout_a_0" in new.op("c").control_inputs
+    assert all("lms/swapout_a_0" not in op.control_inputs
+               for op in new.ops if op.name not in ("c", "lms/swapin_a_0_0"))
+
+
 def test_pinned_schedule_chains_device_ops_in_the_simulated_order():
     g = long_edge()
     plan = plan_from_params(g, 1, threshold=3, ahead=2)
