@@ -54,6 +54,10 @@ CASES = [
     ("fit_mixed_transformer", 4, 0.6),
     # dilated convolutions: SpaceToBatchND's tensors have batch x dilation rows
     ("dilated_conv1d", 16, 0.4),
+    # two tapes: each reads the other model's activations for gradients the step prunes,
+    # which must not delay the release of a swapped tensor (1.25x B under CPU load)
+    ("gan", 16, 0.6),
+    ("gan", 16, 0.4),
 ]
 #: Plans with recomputed tensors (the hybrid planner's per-tensor MILP, measured).
 RECOMPUTE_CASES = [("mobilenet_v2", 64, 0.7, "hybrid"), ("mobilenet_v2", 64, 0.8, "recompute")]
