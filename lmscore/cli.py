@@ -651,6 +651,12 @@ def _validate_plan(args: argparse.Namespace, graph: Any, batch: int) -> int:
     return 0
 
 
+#: Plotly's page options for the HTML files lms writes: self-contained (plotly.js inlined,
+#: nothing fetched) and without the buttons that send a chart to an online service. Only
+#: the options this plotly knows: it warns on the user's terminal about any other.
+_HTML_CONFIG = {"displaylogo": False, "showSendToCloud": False}
+
+
 def _write_timeline(path: str, t: Any, title: str) -> None:
     from .plan import write_atomic
     from .timeline import figure
@@ -659,8 +665,7 @@ def _write_timeline(path: str, t: Any, title: str) -> None:
         write_atomic(path, json.dumps(t.as_dict(), indent=1))
     else:
         write_atomic(path, figure(t, title).to_html(
-            include_plotlyjs=True, full_html=True,  # self-contained: nothing fetched
-            config={"displaylogo": False, "showLink": False, "showSendToCloud": False}))
+            include_plotlyjs=True, full_html=True, config=_HTML_CONFIG))
 
 
 class _Progress:
@@ -902,7 +907,7 @@ def _plot(graph: Any, batch: int, result: Any, path: str, workspace: str) -> Non
                               "write .html instead") from None
         write_atomic(path, data)
         return
-    write_atomic(path, fig.to_html(include_plotlyjs=True, full_html=True))
+    write_atomic(path, fig.to_html(include_plotlyjs=True, full_html=True, config=_HTML_CONFIG))
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:

@@ -85,6 +85,8 @@ def test_cli_writes_the_timeline_of_a_plan(tmp_path):
     r = subprocess.run([*run, "validate", "mlp", "--plan", str(plan), "--timeline", str(html)],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "wrote" in r.stdout
+    # only page options this plotly knows: it warns on the terminal about any other
+    assert "Unrecognized config options" not in r.stderr, r.stderr
     page = html.read_text()
     # self-contained: plotly.js inlined, no script fetched from anywhere
     assert "measured" in page and not re.search(r"<script[^>]*src=", page)
