@@ -22,7 +22,7 @@ import pytest
 import zoo
 
 from lmscore.export import to_graphdef
-from lmscore.memory import simulate
+from lmscore.memory import cpu_kernel_library, simulate
 from lmscore.rewrite import rewrite
 from lmscore.tune import tune
 from lmscore.validate import validate_plan
@@ -54,25 +54,25 @@ CASES = [
     ("fit_mixed_transformer", 4, 0.6),
     # dilated convolutions: SpaceToBatchND's tensors have batch x dilation rows
     ("dilated_conv1d", 16, 0.4),
-    # two tapes: each reads the other model's activations for gradients the step prunes,
-    # which must not delay the release of a swapped tensor (1.25x B under CPU load)
-    ("gan", 16, 0.6),
-    ("gan", 16, 0.4),
 ]
+#: Two tapes: each reads the other model's activations for gradients the step prunes,
+#: which must not delay the release of a swapped tensor (1.25x B under CPU load). They fit
+#: only under oneDNN's kernels (under Eigen one filter gradient's im2col buffer alone
+#: exceeds B), so they are not among CASES, which must mostly fit under both libraries.
+ONEDNN_CASES = [("gan", 16, 0.6), ("gan", 16, 0.4)]
 #: Plans with recomputed tensors (the hybrid planner's per-tensor MILP, measured).
 RECOMPUTE_CASES = [("mobilenet_v2", 64, 0.7, "hybrid"), ("mobilenet_v2", 64, 0.8, "recompute")]
 _FITTED: list[str] = []
 
 
-@pytest.mark.parametrize("name, batch, fraction", CASES)
-def test_tuned_plan_fits_where_it_runs(name: str, batch: int, fraction: float) -> None:
+def _fits_where_it_runs(name: str, batch: int, fraction: float) -> bool:
+    """Tune, and run a plan that fits three times: False for an honest refusal."""
     g, device, result = _tuned(name, batch, fraction)
     if not result.fits:
         # an honest refusal: no plan simulated under the budget (checked by the tuner's own
-        # property tests); it is counted so that the module cannot pass vacuously
+        # property tests); test_most_cases_fitted counts the fits, so no pass is vacuous
         assert result.message.startswith("does not fit")
-        return
-    _FITTED.append(f"{name}:{fraction}")
+        return False
     assert result.predicted_peak_bytes <= device
     # numerics under default Grappler are tests/test_zoo_numerics.py's; not run twice here
     v = validate_plan(g, result.plan, batch, runs=3, grappler=False)
@@ -86,6 +86,20 @@ def test_tuned_plan_fits_where_it_runs(name: str, batch: int, fraction: float) -
         assert v.saving_ratio >= 0.9, f"{name}: saving ratio {v.saving_ratio:.3f}"
     assert v.max_abs_diff == 0.0
     assert np.isfinite(v.losses["rewritten"]).all()
+    return True
+
+
+@pytest.mark.parametrize("name, batch, fraction", CASES)
+def test_tuned_plan_fits_where_it_runs(name: str, batch: int, fraction: float) -> None:
+    if _fits_where_it_runs(name, batch, fraction):
+        _FITTED.append(f"{name}:{fraction}")
+
+
+@pytest.mark.parametrize("name, batch, fraction", ONEDNN_CASES)
+def test_two_tape_plan_fits_where_it_runs(name: str, batch: int, fraction: float) -> None:
+    if not _fits_where_it_runs(name, batch, fraction):
+        assert cpu_kernel_library() == "eigen", "no plan under oneDNN's kernels"
+        pytest.skip("one filter gradient's im2col buffer alone exceeds B under Eigen")
 
 
 @pytest.mark.parametrize("name, batch, fraction, strategy", RECOMPUTE_CASES)
