@@ -283,7 +283,7 @@ class Measurement:
         ``CPU:0`` (each once, at its first kernel; nodes lowered or inlined from a function
         body count as their enclosing node). With one device and ``inter_op_threads=-1``
         the kernels run one at a time, so this is the executor's order of that session,
-        which :func:`lmscore.memory.simulate` can replay (``schedule=``).
+        which :func:`lmscore.memory.simulate` can replay (``executed=``).
     """
 
     peak_bytes: Mapping[str, int]
