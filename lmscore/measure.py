@@ -101,6 +101,7 @@ from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 from tensorflow.python.framework import op_def_registry
 
 from lmscore.errors import ConfigError, GraphError, RunError
+from lmscore.ir import split_tensor
 from lmscore.order import FUSED_APPLIES, OUTPUT_OPS
 from lmscore.timeline import live_curve
 
@@ -1623,44 +1624,36 @@ def _executed(
             started.setdefault(original(ns.node_name), None)
     rank = {name: k for k, name in enumerate(started)}
 
-    runtime_inputs: dict[str, set[str]] = {}
+    # Data inputs as (producer, port): the runtime's, named back to the original graph.
+    runtime_inputs: dict[str, set[tuple[str, int]]] = {}
     for pg in run_metadata.partition_graphs:
         for node in pg.node:
             ins = runtime_inputs.setdefault(original(node.name), set())
             for t in node.input:
                 if not t.startswith("^"):
-                    producer, _, port = t.partition(":")
-                    ins.add(f"{original(producer)}:{port or 0}")
-    nodes = {n.name: n for n in gdef.node}
-    consumers: dict[str, list[str]] = defaultdict(list)
-    for n in gdef.node:
-        for t in n.input:
-            if not t.startswith("^"):
-                consumers[t.partition(":")[0]].append(n.name)
+                    producer, port = split_tensor(t)
+                    ins.add((original(producer), port))
+    top = _Scope(gdef.node)
+
+    def data_inputs(node: node_def_pb2.NodeDef) -> set[tuple[str, int]]:
+        return {split_tensor(t) for t in node.input if not t.startswith("^")}
 
     before: dict[str, list[str]] = defaultdict(list)
-    for name, node in nodes.items():
+    for name, node in top.nodes.items():
         if name in rank or name in runtime_inputs:
             continue
-        own = {t.partition(":")[0] for t in node.input if not t.startswith("^")}
+        own = {producer for producer, _ in data_inputs(node)}
         anchors = []
-        for c in consumers.get(name, ()):
-            if c not in rank or c not in nodes:
+        for consumer, _index in top.consumers.get(name, ()):
+            c = consumer.name
+            if c not in rank:
                 continue
-            was = {_tensor_key(t) for t in nodes[c].input if not t.startswith("^")}
-            new = {t for t in runtime_inputs.get(c, ()) - was
-                   if t.rpartition(":")[0] not in own}
-            anchors += [t.rpartition(":")[0] for t in new] or [c]
+            new = {p for p, _ in runtime_inputs.get(c, set()) - data_inputs(consumer)} - own
+            anchors += new or [c]
         anchors = [a for a in anchors if a in rank]
         if anchors:
             before[min(anchors, key=rank.__getitem__)].append(name)
     return tuple(x for name in started for x in (*before.get(name, ()), name))
-
-
-def _tensor_key(t: str) -> str:
-    """``name:port`` of a data input (port 0 spelled out)."""
-    producer, _, port = t.partition(":")
-    return f"{producer}:{port or 0}"
 
 
 def _op_times(
