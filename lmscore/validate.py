@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import ConfigError, RunError
 from .ir import Graph
 from .memory import cpu_kernel_library, simulate
+from .shapes import resolve
 from .timeline import Timeline, compare
 
 if TYPE_CHECKING:
@@ -122,8 +123,9 @@ def validate(graph: Graph, batch_size: int, *, steps: int = 2, seed: int = 0,
     m = measure(graph.graphdef, batch_size, steps=max(steps, 2), seed=seed)
     report(0.9, "simulating")
     library = m.kernel_library or cpu_kernel_library()
-    sim = simulate(graph, batch_size, workspace=library)
-    replay = simulate(graph, batch_size, workspace=library, executed=m.executed)
+    sizes = resolve(graph, batch_size)  # one resolution for both orders
+    sim = simulate(graph, batch_size, sizes=sizes, workspace=library)
+    replay = simulate(graph, batch_size, sizes=sizes, workspace=library, executed=m.executed)
     device = "CPU:0"
     measured_step = int(m.peak_bytes.get(device, 0))
     measured_persistent = int(m.persistent_bytes.get(device, 0))
