@@ -7,6 +7,8 @@ TensorFlow is imported only by the commands that run or export a graph.
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import json
 import logging
 import math
@@ -303,6 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``lms`` console script; returns the exit status."""
+    if argv is None:  # the process is ``lms`` itself and ends with the command
+        # What the command leaves alive (a loaded graph: an object or more per op) is
+        # freed as the interpreter exits; moved out of the collector's sight first, it is
+        # not walked by its final passes (a tenth of the time of ``lms inspect``).
+        atexit.register(gc.freeze)
     argv = list(sys.argv[1:] if argv is None else argv)
     lead = 0  # global options before the command
     while argv[lead:lead + 1] in (["-v"], ["--verbose"]):
