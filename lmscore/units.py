@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from fractions import Fraction
 
 from .errors import ConfigError
 
@@ -71,6 +70,9 @@ def parse_bytes(text: str, name: str = "") -> int:
     m = _SIZE.match(str(text))
     if not m or m.group(3).lower() not in _UNITS:
         raise ConfigError(f"{where}not a size: {text!r}; use {SIZE_SYNTAX}")
+    # imported here: fractions imports decimal, which commands without a size never need
+    from fractions import Fraction
+
     value = int(Fraction(m.group(2)) * _UNITS[m.group(3).lower()])
     if m.group(1) == "-" or value <= 0:
         raise ConfigError(f"{where}size must be positive, got {text!r}")
