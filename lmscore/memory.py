@@ -593,15 +593,17 @@ def _buffers(
     # Buffer of each tensor: id into the parallel lists below.
     owner: dict[tuple[int, int], int] = {}
     root: list[tuple[int, int]] = []
-    kind: list[str] = []  # "transient", "persistent", "feed"
+    kind: list[str] = []  # "transient", "persistent", "feed", "pruned"
     readers: list[list[int]] = []
     members: list[list[tuple[int, int]]] = []  # tensors that are views of each buffer
     persistent = sum(b for b in sizes.variable_bytes.values() if b > 0)
     feeds = 0
 
-    # The two latest readers (schedule position, op) over every view of each buffer, so
-    # that "has every other reader run?" costs O(1) however long a chain of views grows.
-    latest: list[list[tuple[int, int]]] = []
+    # The schedule positions of the two latest readers over every view of each transient
+    # buffer, latest first, so that "has every other reader run?" costs O(1) however long
+    # a chain of views grows. Only transient buffers are ever forwarded: the others' stay
+    # empty, as do their readers, which nothing asks for.
+    latest: list[list[int]] = []
 
     # TensorFlow prunes the ops that lead to no variable write and not to the loss
     # (the shape of a dead gradient branch, a gradient nobody applies): they never run,
@@ -609,48 +611,47 @@ def _buffers(
     needed = ordering.needed
 
     def note_readers(b: int, tensor: tuple[int, int]) -> None:
-        top = latest[b]  # at most two entries, latest first
         cs = consumers.get(tensor)
         if cs is None:
             return
+        top = latest[b]  # at most two entries, latest first
         if len(cs) == 1 and not top:  # the common case: one reader of a new buffer
             c = cs[0]
             if needed[c]:
-                top.append((pos[c], c))
+                top.append(pos[c])
             return
         for c in cs:
             if not needed[c]:
                 continue
-            entry = (pos[c], c)
+            at = pos[c]
             if not top:
-                top.append(entry)
+                top.append(at)
             elif len(top) == 1:
-                if top[0][1] != c:
-                    top.insert(0 if entry > top[0] else 1, entry)
-            elif top[0][1] != c and top[1][1] != c and entry > top[1]:
-                top[1] = entry
-                if entry > top[0]:
+                if top[0] != at:
+                    top.insert(0 if at > top[0] else 1, at)
+            elif top[0] != at and top[1] != at and at > top[1]:
+                top[1] = at
+                if at > top[0]:
                     top.reverse()
 
     def new_buffer(tensor: tuple[int, int], k: str) -> int:
+        b = len(root)
         root.append(tensor)
         kind.append(k)
         readers.append([])
         members.append([tensor])
         latest.append([])
-        note_readers(len(root) - 1, tensor)
-        return len(root) - 1
+        return b
 
     data_in = adj.data_in
     for i in ordering.schedule:
         op = ops[i]
         op_type = op.type
-        n_out = len(op.outputs)
         if needed[i]:
             for t in data_in[i]:
                 readers[owner[t]].append(i)
         elif op_type not in FEED_OPS and op_type not in VARIABLE_OPS:
-            for port in range(n_out):
+            for port in range(len(op.outputs)):
                 owner[(i, port)] = new_buffer((i, port), "pruned")
             continue
         if op_type in FEED_OPS:  # (no feed, variable or constant is a view)
@@ -661,29 +662,33 @@ def _buffers(
                     feeds += max(nbytes[i][port], 0)
             continue
         if op_type in VARIABLE_OPS or op_type == "Const":
-            for port in range(n_out):
+            for port in range(len(op.outputs)):
                 owner[(i, port)] = new_buffer((i, port), "persistent")
                 if op_type == "Const":
                     persistent += max(nbytes[i][port], 0)
             continue
         may_view = op_type in _VIEW_TYPES
         may_forward = op_type in _FORWARD_TYPES
-        for port in range(n_out):
+        for port in range(len(op.outputs)):
             t = (i, port)
             src = _view_of(graph, sizes, i, port) if may_view else None
-            if src is not None:
-                b = owner[t] = owner[src]
-                members[b].append(t)
+            if src is None and may_forward:
+                b = _forwardable(graph, sizes, pos, i, port, owner, kind, latest)
+                if b is None:
+                    owner[t] = b = new_buffer(t, "transient")
+                    note_readers(b, t)
+                    continue
+            elif src is None:
+                owner[t] = b = new_buffer(t, "transient")
                 note_readers(b, t)
                 continue
-            b = _forwardable(graph, sizes, pos, i, port, owner, kind, latest) if (
-                may_forward) else None
-            if b is not None:
-                owner[t] = b
-                members[b].append(t)
+            else:
+                b = owner[src]
+            # a view or an in-place result: the buffer gains a tensor and its readers
+            owner[t] = b
+            members[b].append(t)
+            if kind[b] == "transient":
                 note_readers(b, t)
-                continue
-            owner[t] = new_buffer(t, "transient")
     out: list[Buffer] = []
     for b, (p, port) in enumerate(root):
         if kind[b] != "transient":
@@ -698,16 +703,17 @@ def _buffers(
         op = ops[p]
         views = members[b]
         out.append(Buffer(
-            tensor=f"{op.name}:{port}",
-            bytes=max(nbytes[p][port], 0),
-            start=level[p],
-            end=end,
-            producer=p,
-            readers=tuple(rs),
-            host=host_op(op.device, dict(op.attrs)),
-            first=pos[p],
-            last=pos[rs[-1]] if rs else pos[p],
-            views=tuple([f"{ops[q].name}:{k}" for q, k in views[1:]]) if len(views) > 1 else (),
+            f"{op.name}:{port}",
+            max(nbytes[p][port], 0),
+            level[p],
+            end,
+            p,
+            tuple(rs),
+            host_op(op.device, dict(op.attrs)),
+            False,
+            pos[p],
+            pos[rs[-1]] if rs else pos[p],
+            tuple([f"{ops[q].name}:{k}" for q, k in views[1:]]) if len(views) > 1 else (),
         ))
     return out, persistent, feeds
 
@@ -1289,7 +1295,7 @@ def _forwardable(
     port: int,
     owner: dict[tuple[int, int], int],
     kind: list[str],
-    latest: list[list[tuple[int, int]]],
+    latest: list[list[int]],
 ) -> int | None:
     """Buffer of an input that op ``i`` may overwrite in place, or None.
 
@@ -1298,35 +1304,42 @@ def _forwardable(
     other reader of any view of its buffer has already run.
     """
     op = graph.ops[i]
-    out_port, candidates = _FORWARD_INTO.get(op.type, (0, None))
-    if op.type in _WHILE_OPS and op.outputs[port].dtype != "variant":
-        # A loop variable the loop dies with: each iteration's kernels overwrite it in
-        # place or free it for the next value, so the result needs no second buffer.
-        out_port, candidates = port, (port,)
-    if port != out_port or (candidates is None and op.type not in FORWARDING_OPS):
-        return None
-    out_shape = sizes.shapes[i][port]
-    out_dtype = op.outputs[port].dtype
+    op_type = op.type
+    if op_type in FORWARDING_OPS:  # most: output 0 into any input
+        if port:
+            return None
+        candidates = None
+    else:
+        out_port, candidates = _FORWARD_INTO.get(op_type, (0, None))
+        if op_type in _WHILE_OPS and op.outputs[port].dtype != "variant":
+            # A loop variable the loop dies with: each iteration's kernels overwrite it in
+            # place or free it for the next value, so the result needs no second buffer.
+            out_port, candidates = port, (port,)
+        if port != out_port or candidates is None:
+            return None
+    shapes = sizes.shapes
+    out_shape = shapes[i][port]
     if out_shape is None or -1 in out_shape:
         return None
+    out_dtype = op.outputs[port].dtype
     ins = graph.adjacency.data_in[i]
-    shapes = sizes.shapes
+    n = len(ins)
     ops = graph.ops
     me = pos[i]
-    held = [owner[s] for s in ins]
-    for k in candidates if candidates is not None else range(len(ins)):
-        if k >= len(ins):
+    for k in candidates if candidates is not None else range(n):
+        if k >= n:
             continue
-        b = held[k]
+        tensor = ins[k]
+        b = owner[tensor]
         if kind[b] != "transient":
             continue
-        p, pt = ins[k]
+        p, pt = tensor
         if shapes[p][pt] != out_shape or ops[p].outputs[pt].dtype != out_dtype:
             continue
-        if held.count(b) > 1:
+        if n > 1 and [owner[t] for t in ins].count(b) > 1:  # read twice by op i
             continue
-        top = latest[b]  # the two latest readers, latest first: the latest but i
-        other = top[0][0] if top and top[0][1] != i else top[1][0] if len(top) > 1 else -1
+        top = latest[b]  # the two latest readers' positions, latest first: the latest but i
+        other = top[0] if top and top[0] != me else top[1] if len(top) > 1 else -1
         if other < me:
             return b
     return None
