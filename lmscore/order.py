@@ -55,6 +55,9 @@ RESOURCE_READS = frozenset({
     "VarIsInitializedOp", "DestroyResourceOp", "_ReadVariablesOp",
 })
 _ITERATOR_OPS = frozenset({"IteratorGetNext", "IteratorGetNextSync", "_Recv", "_HostRecv"})
+#: Op types that may be feeds, state or plain reads of state (most ops are none of them).
+_STATE_TYPES = FEED_OPS | _ITERATOR_OPS | VARIABLE_OPS | RESOURCE_READS | {
+    "Const", "Identity", "IdentityN"}
 _FLOATS = frozenset({"float", "double", "half", "bfloat16"})
 _ELEMENTWISE = frozenset({"Mul", "RealDiv", "Div", "Neg", "Sub", "AddV2", "Add", "Cast"})
 
@@ -349,40 +352,41 @@ def _categories(
     n = len(ops)
     cat: list[str | None] = [None] * n
     data_in = adj.data_in
+    succs = adj.succs
     types = [op.type for op in ops]
     readers = adj.readers
 
-    # Feeds, state and reads of state.
-    for i in topo:
-        op = ops[i]
-        t = types[i]
-        out_dt = op.outputs[0].dtype if op.outputs else ""
-        if t in FEED_OPS:
-            cat[i] = PERSISTENT if out_dt == "resource" else INPUT
-        elif t in _ITERATOR_OPS:
-            cat[i] = INPUT
-        elif t in VARIABLE_OPS or t == "Const":
-            cat[i] = PERSISTENT
-        elif t in RESOURCE_READS and t != "ResourceGather" and all(
-            cat[p] == PERSISTENT for p, _ in data_in[i]
-        ):
-            cat[i] = PERSISTENT
-        elif t in ("Identity", "IdentityN") and data_in[i] and all(
-            cat[p] == PERSISTENT for p, _ in data_in[i]
-        ):
-            cat[i] = PERSISTENT
-    # Value flow from the feeds (from_input: shape-only ops cut it, their outputs ignore
-    # values) and dependence on the feeds through any data edge, shapes included
-    # (from_data).
+    # One pass in topological order. Feeds, state and reads of state. Value flow from the
+    # feeds (from_input: shape-only ops cut it, their outputs ignore values) and dependence
+    # on the feeds through any data edge, shapes included (from_data). Writes, and what
+    # reads state: the arithmetic whose only use is to feed writes and that computes on
+    # optimizer state rather than on the data (step counters, bias corrections, moments).
     from_input = [False] * n
     from_data = [False] * n
+    reads_state = [False] * n
+    write = [False] * n
     for i in topo:
+        t = types[i]
+        ins = data_in[i]
+        if t in _STATE_TYPES:
+            if t in FEED_OPS:
+                outs = ops[i].outputs
+                cat[i] = PERSISTENT if outs and outs[0].dtype == "resource" else INPUT
+            elif t in _ITERATOR_OPS:
+                cat[i] = INPUT
+            elif t in VARIABLE_OPS or t == "Const":
+                cat[i] = PERSISTENT
+            elif t in RESOURCE_READS and t != "ResourceGather" and all(
+                cat[p] == PERSISTENT for p, _ in ins
+            ):
+                cat[i] = PERSISTENT
+            elif t in ("Identity", "IdentityN") and ins and all(
+                cat[p] == PERSISTENT for p, _ in ins
+            ):
+                cat[i] = PERSISTENT
         c = cat[i]
-        if c == INPUT:
-            from_input[i] = from_data[i] = True
-        elif c is None:
-            ins = data_in[i]
-            values = types[i] not in SHAPE_ONLY_OPS
+        if c is None:
+            values = t not in SHAPE_ONLY_OPS
             for p, _ in ins:  # from_input[p] implies from_data[p]
                 if from_data[p]:
                     from_data[i] = True
@@ -391,11 +395,8 @@ def _categories(
                     if from_input[p]:
                         from_input[i] = True
                         break
-    # Writes, then the arithmetic whose only use is to feed writes and that computes on
-    # optimizer state rather than on the data (step counters, bias corrections, moments).
-    reads_state = [False] * n
-    write = [False] * n
-    for i, ins in enumerate(data_in):
+        elif c == INPUT:
+            from_input[i] = from_data[i] = True
         reads_resource = False
         for p, port in ins:
             if ops[p].outputs[port].dtype == "resource":
@@ -403,29 +404,39 @@ def _categories(
                 break
             if types[p] in RESOURCE_READS:
                 reads_state[i] = True
-        write[i] = _writes(types[i], reads_resource, not ops[i].outputs)
-    only_writes = [False] * n  # every path from the op ends in a write
-    for i in reversed(topo):
-        if cat[i] is None:
-            if write[i]:
-                only_writes[i] = True
-                continue
-            succ = adj.succs[i]
-            if succ:
-                for s in succ:
-                    if not only_writes[s]:
-                        break
-                else:
-                    only_writes[i] = True
+        write[i] = _writes(t, reads_resource, not ops[i].outputs)
     # What a gradient kernel reads is the forward or the backward pass, never optimizer
     # arithmetic, even where every later use is a write (a tf.compat.v1 optimizer applies
     # the gradients themselves, so the seed's constant arithmetic leads only to writes).
-    applied = {g[0] for c in range(n) if (g := applied_gradient(graph, c)) is not None}
+    fused = {t for t in set(types) if t.startswith(FUSED_APPLIES)}
+    applied = {
+        g[0] for c in (range(n) if fused else ())
+        if types[c] in fused and (g := applied_gradient(graph, c)) is not None
+    }
+    # In reverse: whether every path from an op ends in a write (only_writes), and
+    # whether it leads to what a gradient kernel reads (to_kernel).
+    only_writes = [False] * n
     to_kernel = [False] * n
     for i in reversed(topo):
-        to_kernel[i] = cat[i] is None and not write[i] and (
-            i in applied or types[i] in GRADIENT_PORTS or any(to_kernel[c] for c in readers[i])
-        )
+        if cat[i] is not None:
+            continue
+        if write[i]:
+            only_writes[i] = True
+            continue
+        succ = succs[i]
+        if succ:
+            for s in succ:
+                if not only_writes[s]:
+                    break
+            else:
+                only_writes[i] = True
+        if i in applied or types[i] in GRADIENT_PORTS:
+            to_kernel[i] = True
+        else:
+            for c in readers[i]:
+                if to_kernel[c]:
+                    to_kernel[i] = True
+                    break
     update = [False] * n
     for i in topo:
         if cat[i] is not None:
@@ -441,7 +452,7 @@ def _categories(
                 or (
                     types[i] in _ELEMENTWISE
                     and any(cat[p] == PERSISTENT for p, _ in ins)
-                    and all(write[s] for s in adj.succs[i])
+                    and all(write[s] for s in succs[i])
                 )
             )
         # control-only joins after writes (the step's final NoOp); no data input reads
@@ -450,25 +461,16 @@ def _categories(
             update[p] for p in adj.preds[i]
         ):
             update[i] = True
-    for i in range(n):
-        if update[i]:
+        if update[i]:  # (no later op of this pass asks whether it is persistent)
             cat[i] = UPDATE
 
-    # Which ops feed a write through their values (the forward and backward passes).
-    feeds_write = [False] * n
-    for i in reversed(topo):
-        if cat[i] is not None:
-            continue
-        for c in readers[i]:
-            if update[c] or (feeds_write[c] and types[c] not in SHAPE_ONLY_OPS):
-                feeds_write[i] = True
-                break
-
     losses: list[int] = []
+    seeds: list[int] = []
     from_seed = [False] * n
     meets_seed = [False] * n
     gradient_side = [False] * n
-    if any(update):
+    trains = any(update)
+    if trains:
         seeds, losses, gradient_side = _gradient_structure(
             graph, topo, cat, from_input, only_writes)
         if not seeds:  # no gradient kernel to tell the seed by: the widest constant 1
@@ -485,13 +487,25 @@ def _categories(
                         if from_seed[p]:
                             from_seed[i] = True
                             break
-        # Partial gradients computed before they meet the seed (of a loss's denominator,
-        # of a broadcast's shape) lead into the backward pass.
-        for i in reversed(topo):
-            for c in readers[i]:
+    # In reverse: which ops feed a write through their values (the forward and backward
+    # passes), and the partial gradients computed before they meet the seed (of a loss's
+    # denominator, of a broadcast's shape), which lead into the backward pass.
+    feeds_write = [False] * n
+    for i in reversed(topo):
+        rs = readers[i]
+        if not rs:
+            continue
+        if cat[i] is None:
+            for c in rs:
+                if update[c] or (feeds_write[c] and types[c] not in SHAPE_ONLY_OPS):
+                    feeds_write[i] = True
+                    break
+        if seeds:
+            for c in rs:
                 if from_seed[c] or meets_seed[c]:
                     meets_seed[i] = True
                     break
+    if trains:
         # Values computed from the forward pass only to be stored (BatchNorm's moving
         # statistics, a metric's running total) are updates of state, not gradients; the
         # loss and what it is computed from are not, even where the step only stores
