@@ -23,6 +23,7 @@ import heapq
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from itertools import compress
 
 from .errors import GraphError
 from .ir import FEED_OPS, VARIABLE_OPS, Graph, gc_paused, op_signatures, parent_of
@@ -45,8 +46,14 @@ OUTPUT_OPS = frozenset({"Identity", "IdentityN", "_Retval"})
 
 def step_results(graph: Graph) -> list[int]:
     """Indices of the ops that stand for the step's results: :data:`OUTPUT_OPS` nothing reads."""
+    return list(_step_results(graph))
+
+
+@functools.lru_cache(maxsize=8)
+def _step_results(graph: Graph) -> tuple[int, ...]:
+    """:func:`step_results`, found once per graph: the categories and the pruning ask."""
     succs = graph.adjacency.succs
-    return [i for i, op in enumerate(graph.ops) if op.type in OUTPUT_OPS and not succs[i]]
+    return tuple([i for i, op in enumerate(graph.ops) if op.type in OUTPUT_OPS and not succs[i]])
 
 
 #: Ops that read a resource without writing it.
@@ -610,16 +617,22 @@ def _closure(
     stack = [i for i in start if cat[i] is None]
     for i in stack:
         seen[i] = True
-    while stack:
-        j = stack.pop()
-        if down:
-            nxt = adj.readers[j]
-        else:
-            nxt = [p for p, _ in adj.data_in[j]]
-        for k in nxt:
-            if not seen[k] and cat[k] is None and not (values and ops[k].type in SHAPE_ONLY_OPS):
-                seen[k] = True
-                stack.append(k)
+    if down:
+        readers = adj.readers
+        while stack:
+            for k in readers[stack.pop()]:
+                if not seen[k] and cat[k] is None and not (
+                        values and ops[k].type in SHAPE_ONLY_OPS):
+                    seen[k] = True
+                    stack.append(k)
+    else:
+        data_in = adj.data_in
+        while stack:
+            for k, _ in data_in[stack.pop()]:
+                if not seen[k] and cat[k] is None and not (
+                        values and ops[k].type in SHAPE_ONLY_OPS):
+                    seen[k] = True
+                    stack.append(k)
     return seen
 
 
@@ -694,9 +707,7 @@ def _gradient_structure(
     for s, d in below_of.items():
         pure = {s}
         outside: set[int] = set()
-        for j in topo:
-            if not d[j]:
-                continue
+        for j in [j for j in topo if d[j]]:
             ins = [p for p, _ in adj.data_in[j]]
             if not any(p in pure for p in ins):
                 continue
@@ -737,14 +748,6 @@ def _gradient_structure(
     # a transposed convolution runs a gradient kernel in the forward pass.
     backward = below_seed if chosen else _closure(graph, kernels, cat, down=True)
 
-    def scalar_value(i: int) -> bool:
-        if not from_input[i] or cat[i] is not None or not ops[i].outputs:
-            return False
-        spec = ops[i].outputs[0]
-        return (
-            spec.dtype in _FLOATS and spec.shape is not None and all(d == 1 for d in spec.shape)
-        )
-
     # Partial gradients computed before they meet the seed (of a loss's denominator, say)
     # lead into the backward pass; the loss does not.
     meets = [False] * n
@@ -754,7 +757,13 @@ def _gradient_structure(
             if below_seed[c] or meets[c]:
                 meets[i] = True
                 break
-    apart = [i for i in topo if from_input[i] and not backward[i] and scalar_value(i)]
+    apart = []  # floating-point scalars computed from the feeds, outside the backward pass
+    for i in topo:
+        if from_input[i] and not backward[i] and cat[i] is None and ops[i].outputs:
+            spec = ops[i].outputs[0]
+            if spec.dtype in _FLOATS and spec.shape is not None and all(
+                    d == 1 for d in spec.shape):
+                apart.append(i)
     pool = [i for i in apart if not meets[i]] or apart
     if not pool:
         return chosen, [], backward
@@ -764,7 +773,7 @@ def _gradient_structure(
     # those of the other seeds the least (one micro-batch's loss, not the step's mean of
     # them all); then the most ancestors (the total, not one of its terms).
     reads = {
-        s: {p for j in range(n) if below_of[s][j] for p, _ in adj.data_in[j]
+        s: {p for j in compress(range(n), below_of[s]) for p, _ in adj.data_in[j]
             if not below_of[s][p] and ops[p].type != "Const"}
         for s in chosen
     }
@@ -801,7 +810,8 @@ def _gradient_structure(
             stack.extend(c for c in readers[j] if ops[c].type in OUTPUT_OPS)
         return False
 
-    topo_pos = {i: k for k, i in enumerate(topo)}
+    found = set(losses)
+    topo_pos = {i: k for k, i in enumerate(topo) if i in found}
     losses.sort(key=lambda i: (not returned(i), topo_pos[i]))
     return chosen, losses, backward
 
