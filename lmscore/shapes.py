@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import ConfigError, GraphError
-from .ir import FEED_OPS, VARIABLE_OPS, Graph, Op, dtype_bytes, gc_paused
+from .ir import FEED_OPS, VARIABLE_OPS, Graph, Op, TensorSpec, dtype_bytes, gc_paused
 from .order import FUSED_APPLIES, applied_gradient, order
 
 _ELEMENT_PRESERVING = frozenset({"Reshape", "Squeeze", "ExpandDims", "Bitcast", "Flatten"})
@@ -101,6 +101,11 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
     assumed: list[str] = []
     vals: dict[tuple[int, int], Value] = {}
     no_values: dict[int, Value] = {}
+    # Most ops have complete recorded shapes, which are then theirs, and ops share their
+    # outputs' specs (the importer makes one tuple per distinct signature): whether a
+    # tuple of specs is complete is found once, by identity, which the graph keeps alive.
+    complete: dict[int, tuple[tuple[int, ...], ...] | None | bool] = {}
+    recorded = [False] * len(ops)  # the op's shapes are its specs' (see the byte counts)
     for i in ordering.topo:
         op = ops[i]
         data_in = adj.data_in[i]
@@ -111,6 +116,14 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
                 if from_input[p]:
                     from_input[i] = True
                     break
+        specs = op.outputs
+        known = complete.get(id(specs), False)
+        if known is False:
+            known = complete[id(specs)] = _complete_shapes(specs)
+        if known is not None and op.type != "Transpose":
+            shapes[i] = known
+            recorded[i] = True
+            continue
         own = no_values
         if op.outputs and op.outputs[0].dtype in ("int32", "int64"):
             own = _int_values(graph, i, vals, shapes)
@@ -152,7 +165,13 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
     unknown: list[str] = []
     lists = False  # whether any tensor is a TensorList (variant)
     bytes_of: dict[tuple[tuple[int, ...] | None, str], int] = {}  # few distinct shapes
+    rows: dict[int, tuple[int, ...]] = {}  # by specs, of ops with recorded shapes
     for i, op in enumerate(ops):
+        if recorded[i]:
+            shared = rows.get(id(op.outputs))
+            if shared is not None:
+                nbytes.append(shared)
+                continue
         row = []
         for port, spec in enumerate(op.outputs):
             if spec.dtype == "string":
@@ -173,6 +192,12 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
             if b < 0:
                 unknown.append(f"{op.name}:{port}")
             row.append(b)
+        if recorded[i] and min(row, default=0) >= 0 and all(
+                spec.dtype != "string" for spec in op.outputs):
+            # Sizes that depend on nothing but the specs: shared, and never changed
+            # (only unknown sizes are filled in below).
+            nbytes.append(rows.setdefault(id(op.outputs), tuple(row)))
+            continue
         nbytes.append(row)
     if lists:
         _size_tensor_lists(graph, ordering.topo, shapes, vals, nbytes, unknown, batch_size)
@@ -186,6 +211,23 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
         variable_bytes=var_bytes,
         values={k: v[1] for k, v in vals.items()},
     )
+
+
+def _complete_shapes(specs: tuple[TensorSpec, ...]) -> tuple[tuple[int, ...], ...] | None:
+    """The recorded shapes of ``specs`` when all are complete and nothing else decides them.
+
+    None when one is unknown or absurd (resolved or refused one by one), or when the first
+    output is an integer tensor, whose value may be computed.
+    """
+    if specs and specs[0].dtype in ("int32", "int64"):
+        return None
+    out = []
+    for spec in specs:
+        s = spec.shape
+        if s is None or (s and min(s) < 0):
+            return None
+        out.append(s)
+    return tuple(out)
 
 
 def extend_sizes(sizes: Sizes, graph: Graph) -> Sizes:
