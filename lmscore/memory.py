@@ -67,6 +67,8 @@ FORWARDING_OPS = frozenset({
 })
 
 _DEVICE, _HOST = 0, 1
+#: What :func:`_buffers` makes of an op type's outputs.
+_OTHER, _FEED, _VARIABLE, _CONST = range(4)
 
 
 @dataclass(frozen=True)
@@ -644,36 +646,93 @@ def _buffers(
         return b
 
     data_in = adj.data_in
+    shapes = sizes.shapes
+
+    def forwardable(i: int, port: int) -> int | None:
+        """Buffer of an input that op ``i`` may overwrite in place, or None.
+
+        TensorFlow forwards an input when its buffer has no other reference left: the
+        input is transient, has the output's shape and dtype, is read once by op ``i``,
+        and every other reader of any view of its buffer has already run.
+        """
+        op = ops[i]
+        op_type = op.type
+        if op_type in FORWARDING_OPS:  # most: output 0 into any input
+            if port:
+                return None
+            candidates = None
+        else:
+            out_port, candidates = _FORWARD_INTO.get(op_type, (0, None))
+            if op_type in _WHILE_OPS and op.outputs[port].dtype != "variant":
+                # A loop variable the loop dies with: each iteration's kernels overwrite it
+                # in place or free it for the next value, so the result needs no second
+                # buffer.
+                out_port, candidates = port, (port,)
+            if port != out_port or candidates is None:
+                return None
+        out_shape = shapes[i][port]
+        if out_shape is None or -1 in out_shape:
+            return None
+        out_dtype = op.outputs[port].dtype
+        ins = data_in[i]
+        n = len(ins)
+        me = pos[i]
+        for k in candidates if candidates is not None else range(n):
+            if k >= n:
+                continue
+            tensor = ins[k]
+            b = owner[tensor]
+            if kind[b] != "transient":
+                continue
+            p, pt = tensor
+            if shapes[p][pt] != out_shape or ops[p].outputs[pt].dtype != out_dtype:
+                continue
+            if n > 1 and [owner[t] for t in ins].count(b) > 1:  # read twice by op i
+                continue
+            top = latest[b]  # the two latest readers' positions, latest first: but i's
+            other = top[0] if top and top[0] != me else top[1] if len(top) > 1 else -1
+            if other < me:
+                return b
+        return None
+
+    # What the loop below does with an op depends on its type: found once per type.
+    roles: dict[str, tuple[int, bool, bool]] = {}  # (_OTHER... _CONST, may view, may forward)
     for i in ordering.schedule:
         op = ops[i]
         op_type = op.type
+        role = roles.get(op_type)
+        if role is None:
+            role = roles[op_type] = (
+                _FEED if op_type in FEED_OPS else _VARIABLE if op_type in VARIABLE_OPS
+                else _CONST if op_type == "Const" else _OTHER,
+                op_type in _VIEW_TYPES, op_type in _FORWARD_TYPES,
+            )
+        what, may_view, may_forward = role
         if needed[i]:
             for t in data_in[i]:
                 readers[owner[t]].append(i)
-        elif op_type not in FEED_OPS and op_type not in VARIABLE_OPS:
+        elif what == _OTHER or what == _CONST:
             for port in range(len(op.outputs)):
                 owner[(i, port)] = new_buffer((i, port), "pruned")
             continue
-        if op_type in FEED_OPS:  # (no feed, variable or constant is a view)
+        if what == _FEED:  # (no feed, variable or constant is a view)
             for port, spec in enumerate(op.outputs):
                 resource = spec.dtype == "resource"
                 owner[(i, port)] = new_buffer((i, port), "persistent" if resource else "feed")
                 if not resource:
                     feeds += max(nbytes[i][port], 0)
             continue
-        if op_type in VARIABLE_OPS or op_type == "Const":
+        if what != _OTHER:  # variables and constants
             for port in range(len(op.outputs)):
                 owner[(i, port)] = new_buffer((i, port), "persistent")
-                if op_type == "Const":
+                if what == _CONST:
                     persistent += max(nbytes[i][port], 0)
             continue
-        may_view = op_type in _VIEW_TYPES
-        may_forward = op_type in _FORWARD_TYPES
         for port in range(len(op.outputs)):
             t = (i, port)
             src = _view_of(graph, sizes, i, port) if may_view else None
             if src is None and may_forward:
-                b = _forwardable(graph, sizes, pos, i, port, owner, kind, latest)
+                b = forwardable(i, port)
                 if b is None:
                     owner[t] = b = new_buffer(t, "transient")
                     note_readers(b, t)
@@ -1283,66 +1342,8 @@ _FORWARD_INTO = {
 }
 
 
-#: Op types :func:`_forwardable` may forward an input of (it answers None for all others).
+#: Op types whose outputs :func:`_buffers` may write into an input (none of the others).
 _FORWARD_TYPES = FORWARDING_OPS | _FORWARD_INTO.keys() | _WHILE_OPS
-
-
-def _forwardable(
-    graph: Graph,
-    sizes: Sizes,
-    pos: list[int],
-    i: int,
-    port: int,
-    owner: dict[tuple[int, int], int],
-    kind: list[str],
-    latest: list[list[int]],
-) -> int | None:
-    """Buffer of an input that op ``i`` may overwrite in place, or None.
-
-    TensorFlow forwards an input when its buffer has no other reference left: the input
-    is transient, has the output's shape and dtype, is read once by op ``i``, and every
-    other reader of any view of its buffer has already run.
-    """
-    op = graph.ops[i]
-    op_type = op.type
-    if op_type in FORWARDING_OPS:  # most: output 0 into any input
-        if port:
-            return None
-        candidates = None
-    else:
-        out_port, candidates = _FORWARD_INTO.get(op_type, (0, None))
-        if op_type in _WHILE_OPS and op.outputs[port].dtype != "variant":
-            # A loop variable the loop dies with: each iteration's kernels overwrite it in
-            # place or free it for the next value, so the result needs no second buffer.
-            out_port, candidates = port, (port,)
-        if port != out_port or candidates is None:
-            return None
-    shapes = sizes.shapes
-    out_shape = shapes[i][port]
-    if out_shape is None or -1 in out_shape:
-        return None
-    out_dtype = op.outputs[port].dtype
-    ins = graph.adjacency.data_in[i]
-    n = len(ins)
-    ops = graph.ops
-    me = pos[i]
-    for k in candidates if candidates is not None else range(n):
-        if k >= n:
-            continue
-        tensor = ins[k]
-        b = owner[tensor]
-        if kind[b] != "transient":
-            continue
-        p, pt = tensor
-        if shapes[p][pt] != out_shape or ops[p].outputs[pt].dtype != out_dtype:
-            continue
-        if n > 1 and [owner[t] for t in ins].count(b) > 1:  # read twice by op i
-            continue
-        top = latest[b]  # the two latest readers' positions, latest first: the latest but i
-        other = top[0] if top and top[0] != me else top[1] if len(top) > 1 else -1
-        if other < me:
-            return b
-    return None
 
 
 def live_at(sim: Simulation, level: int) -> tuple[Buffer, ...]:
