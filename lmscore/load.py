@@ -245,6 +245,7 @@ def from_graphdef(
     # ops: each is decoded once and its specs are shared (TensorSpec is immutable).
     shapes_of: dict[bytes, list[tuple[int, ...] | None]] = {}
     specs_of: dict[tuple[tuple[str, ...], bytes | None], tuple[TensorSpec, ...]] = {}
+    one_specs: dict[tuple[str, bytes | None], tuple[TensorSpec, ...]] = {}  # one output
     for node in gd.node:
         name = node.name
         op_type = node.op
@@ -253,20 +254,17 @@ def from_graphdef(
         if not op_type:
             raise GraphError(f"{source}: node {name!r} has no op type")
         attr = node.attr
-        data_in: list[str] = []
-        control_in: list[str] = []
-        for t in node.input:
-            if t[:1] == "^":
-                control_in.append(t[1:])
-            elif ":" in t:
-                data_in.append(t)
-            else:
-                data_in.append(t + ":0")
-        sig = sigs.get(op_type)
-        key: bytes | None = None
-        if "_output_shapes" in attr:
-            recorded = attr["_output_shapes"]
-            key = recorded.SerializeToString()
+        inputs = node.input
+        if inputs:
+            inputs = list(inputs)  # (each read of the repeated field makes new strings)
+            data_in = tuple([t if ":" in t else t + ":0" for t in inputs if t[:1] != "^"])
+            control_in = tuple([t[1:] for t in inputs if t[:1] == "^"]) if len(
+                data_in) != len(inputs) else ()
+        else:
+            data_in = control_in = ()
+        recorded = attr.get("_output_shapes")
+        if recorded is not None:
+            key: bytes | None = recorded.SerializeToString()
             shapes = shapes_of.get(key)
             if shapes is None:
                 shapes = shapes_of[key] = [
@@ -274,35 +272,43 @@ def from_graphdef(
                     for sh in recorded.list.shape
                 ]
         else:
-            shapes = None
-            if require_shapes and (sig is None or sig):
-                raise _MissingShapes(name)
+            key = shapes = None
+            if require_shapes:
+                sig = sigs.get(op_type)
+                if sig is None or sig:
+                    raise _MissingShapes(name)
         one = one_output.get(op_type)
         if one is not None and (shapes is None or len(shapes) == 1):
             # most ops: one output whose dtype is fixed or the type attribute's
             type_attr, dt = one
-            if type_attr and type_attr in attr:
-                dt = _DTYPE_NAMES.get(attr[type_attr].type, "unknown")
-            dtypes = [dt]
+            if type_attr:
+                a = attr.get(type_attr)
+                if a is not None:
+                    dt = _DTYPE_NAMES.get(a.type, "unknown")
+            outputs = one_specs.get((dt, key))
+            if outputs is None:
+                outputs = one_specs[(dt, key)] = (
+                    TensorSpec(dt, shapes[0] if shapes is not None else None),)
         else:
-            dtypes = _output_dtypes(attr, sig, len(shapes) if shapes is not None else None)
-        if shapes is None:
-            shapes = [None] * len(dtypes)
-        elif len(shapes) != len(dtypes):
-            # Unknown op or odd attrs: trust the recorded shapes for the arity.
-            dtypes = (dtypes + ["unknown"] * len(shapes))[: len(shapes)]
-        spec_key = (tuple(dtypes), key)
-        outputs = specs_of.get(spec_key)
-        if outputs is None:
-            outputs = specs_of[spec_key] = tuple(
-                [TensorSpec(d, sh) for d, sh in zip(dtypes, shapes, strict=True)]
-            )
+            dtypes = _output_dtypes(attr, sigs.get(op_type),
+                                    len(shapes) if shapes is not None else None)
+            if shapes is None:
+                shapes = [None] * len(dtypes)
+            elif len(shapes) != len(dtypes):
+                # Unknown op or odd attrs: trust the recorded shapes for the arity.
+                dtypes = (dtypes + ["unknown"] * len(shapes))[: len(shapes)]
+            spec_key = (tuple(dtypes), key)
+            outputs = specs_of.get(spec_key)
+            if outputs is None:
+                outputs = specs_of[spec_key] = tuple(
+                    [TensorSpec(d, sh) for d, sh in zip(dtypes, shapes, strict=True)]
+                )
         ops.append(Op(
             name,
             op_type,
             node.device,
-            tuple(data_in),
-            tuple(control_in),
+            data_in,
+            control_in,
             outputs,
             _small_attrs(node, pushes, consts) if op_type in _ATTR_OPS else empty,
         ))
