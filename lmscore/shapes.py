@@ -103,9 +103,10 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
     no_values: dict[int, Value] = {}
     # Most ops have complete recorded shapes, which are then theirs, and ops share their
     # outputs' specs (the importer makes one tuple per distinct signature): whether a
-    # tuple of specs is complete is found once, by identity, which the graph keeps alive.
-    complete: dict[int, tuple[tuple[int, ...], ...] | None | bool] = {}
-    recorded = [False] * len(ops)  # the op's shapes are its specs' (see the byte counts)
+    # tuple of specs is complete, and its sizes, are found once, by identity, which the
+    # graph keeps alive.
+    complete: dict[int, tuple[tuple | None, tuple[int, ...] | None]] = {}
+    nbytes: list[Any] = [None] * len(ops)  # byte counts, here those of recorded shapes
     for i in ordering.topo:
         op = ops[i]
         data_in = adj.data_in[i]
@@ -117,12 +118,12 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
                     from_input[i] = True
                     break
         specs = op.outputs
-        known = complete.get(id(specs), False)
-        if known is False:
-            known = complete[id(specs)] = _complete_shapes(specs)
-        if known is not None and op.type != "Transpose":
-            shapes[i] = known
-            recorded[i] = True
+        known = complete.get(id(specs))
+        if known is None:
+            known = complete[id(specs)] = _recorded_sizes(specs)
+        if known[0] is not None and op.type != "Transpose":
+            shapes[i] = known[0]
+            nbytes[i] = known[1]  # (None: counted below, in the order of the ops)
             continue
         own = no_values
         if op.outputs and op.outputs[0].dtype in ("int32", "int64"):
@@ -161,17 +162,11 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
         if derived:  # (a recorded shape was checked above)
             _check_resolved(graph, i, out, vals)
         shapes[i] = out
-    nbytes: list[list[int]] = []
     unknown: list[str] = []
     lists = False  # whether any tensor is a TensorList (variant)
     bytes_of: dict[tuple[tuple[int, ...] | None, str], int] = {}  # few distinct shapes
-    rows: dict[int, tuple[int, ...]] = {}  # by specs, of ops with recorded shapes
-    for i, op in enumerate(ops):
-        if recorded[i]:
-            shared = rows.get(id(op.outputs))
-            if shared is not None:
-                nbytes.append(shared)
-                continue
+    for i in [i for i in range(len(ops)) if nbytes[i] is None]:
+        op = ops[i]
         row = []
         for port, spec in enumerate(op.outputs):
             if spec.dtype == "string":
@@ -192,13 +187,7 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
             if b < 0:
                 unknown.append(f"{op.name}:{port}")
             row.append(b)
-        if recorded[i] and min(row, default=0) >= 0 and all(
-                spec.dtype != "string" for spec in op.outputs):
-            # Sizes that depend on nothing but the specs: shared, and never changed
-            # (only unknown sizes are filled in below).
-            nbytes.append(rows.setdefault(id(op.outputs), tuple(row)))
-            continue
-        nbytes.append(row)
+        nbytes[i] = row
     if lists:
         _size_tensor_lists(graph, ordering.topo, shapes, vals, nbytes, unknown, batch_size)
     var_bytes = _variable_bytes(graph, shapes, nbytes)
@@ -213,21 +202,32 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
     )
 
 
-def _complete_shapes(specs: tuple[TensorSpec, ...]) -> tuple[tuple[int, ...], ...] | None:
+def _recorded_sizes(
+    specs: tuple[TensorSpec, ...]
+) -> tuple[tuple[tuple[int, ...], ...] | None, tuple[int, ...] | None]:
     """The recorded shapes of ``specs`` when all are complete and nothing else decides them.
 
-    None when one is unknown or absurd (resolved or refused one by one), or when the first
-    output is an integer tensor, whose value may be computed.
+    Their shapes are None when one is unknown or absurd (resolved or refused one by one),
+    or when the first output is an integer tensor, whose value may be computed. Their
+    byte counts are None unless each is known from the spec alone and within bounds
+    (strings, lists and unknown or huge sizes are counted one by one). Shared by every
+    op of these specs, and never changed: only unknown sizes are filled in later.
     """
     if specs and specs[0].dtype in ("int32", "int64"):
-        return None
-    out = []
+        return None, None
+    shapes = []
     for spec in specs:
         s = spec.shape
         if s is None or (s and min(s) < 0):
-            return None
-        out.append(s)
-    return tuple(out)
+            return None, None
+        shapes.append(s)
+    row = []
+    for spec, s in zip(specs, shapes, strict=True):
+        b = -1 if spec.dtype in ("string", "variant") else _bytes(s, spec.dtype)
+        if not 0 <= b <= _MAX_BYTES:
+            return tuple(shapes), None
+        row.append(b)
+    return tuple(shapes), tuple(row)
 
 
 def extend_sizes(sizes: Sizes, graph: Graph) -> Sizes:
