@@ -32,10 +32,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from .errors import ConfigError, GraphError
 from .ir import FEED_OPS, VARIABLE_OPS, Graph, Op, dtype_bytes, gc_paused
@@ -536,30 +538,31 @@ def _simulate(
     base = persistent + feeds
     levels = ordering.levels
     n_levels = ordering.num_levels
+    # The device bytes while each op runs: what is allocated up to it and not freed
+    # before it, its workspace, less what a loop's credit says it never holds at once.
+    held = [base] * (n + 1)
+    for pos, c in credit.items():
+        held[pos] -= c
+    steps = map(operator.sub, dev_alloc, [0, *dev_free[:-1]])
+    now_at = list(map(operator.add, accumulate(steps), map(operator.add, scratch, held)))[:n]
     device_curve = [-1] * n_levels
     host_curve = [0] * n_levels
     level_pos = [0] * n_levels
-    live = host_live = 0
-    peak, peak_pos = base, 0
-    worst = base
-    for pos, i in enumerate(ordering.schedule):
-        live += dev_alloc[pos]
-        host_live += host_alloc[pos]
-        now = base + live + scratch[pos] - credit.get(pos, 0)
-        lvl = levels[i]
-        if now > device_curve[lvl]:
-            device_curve[lvl] = now
+    for pos, lvl in enumerate([levels[i] for i in ordering.schedule]):
+        if now_at[pos] > device_curve[lvl]:  # the first position of the level's peak
+            device_curve[lvl] = now_at[pos]
             level_pos[lvl] = pos
-        if host_live > host_curve[lvl]:
-            host_curve[lvl] = host_live
-        if now > peak:
-            peak, peak_pos = now, pos
-        if race:  # (without one, worst stays at most the peak: no race bytes)
-            ahead = now + race.get(pos, 0)
-            if ahead > worst:
-                worst = ahead
-        live -= dev_free[pos]
-        host_live -= host_free[pos]
+    if any(host_alloc):
+        host_live = 0
+        for pos, i in enumerate(ordering.schedule):
+            host_live += host_alloc[pos]
+            if host_live > host_curve[levels[i]]:
+                host_curve[levels[i]] = host_live
+            host_live -= host_free[pos]
+    peak = max(now_at, default=base)
+    peak, peak_pos = (peak, now_at.index(peak)) if peak > base else (base, 0)
+    # without a race, worst stays at most the peak: no race bytes
+    worst = max([now_at[pos] + r for pos, r in race.items()], default=base)
     peak_level = levels[ordering.schedule[peak_pos]] if n else 0
     return Simulation(
         device_curve=tuple(device_curve),
@@ -1025,15 +1028,18 @@ def _loop_effects(
     pos = ordering.position
     levels = ordering.levels
     owner: dict[str, Buffer] = {}
-    for b in buffers:
-        for t in (b.tensor, *b.views):
-            owner[t] = b
     extra: list[Buffer] = []
     credit: dict[int, int] = {}
     race: dict[int, int] = {}
     adj = graph.adjacency
-    for i, op in enumerate(graph.ops):
-        if op.type not in _WHILE_OPS or not ordering.needed[i]:
+    loops = [i for i, op in enumerate(graph.ops) if op.type in _WHILE_OPS]
+    if loops:  # the buffer of each tensor, for the loops' inputs and outputs
+        for b in buffers:
+            for t in (b.tensor, *b.views):
+                owner[t] = b
+    for i in loops:
+        op = graph.ops[i]
+        if not ordering.needed[i]:
             continue
         ins = adj.data_in[i]
         body = loop_body(graph, i, tuple(sizes.shapes[p][q] for p, q in ins))
