@@ -406,11 +406,22 @@ def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None,
     """
     attr = node.attr
     present = set(attr)  # one pass over the map instead of a lookup per candidate key
+    op_type = node.op
+    if op_type == "Const" and consts is not None and present <= _PLAIN_CONST:
+        # most constants: nothing but their value, decoded once for all its copies (one
+        # dict for them all; nothing changes an op's attributes)
+        if "value" not in present:
+            return {}
+        value = attr["value"]
+        key = value.SerializeToString()
+        decoded = consts.get(key)
+        if decoded is None:
+            decoded = consts[key] = _const_attrs(value.tensor)
+        return decoded
     out: dict[str, Any] = {}
     for key in ("_lms_role", "_lms_tensor", "_lms_clone_of"):  # an exported rewrite's ops
         if key in present:
             out[key] = attr[key].s.decode("utf-8", "replace")
-    op_type = node.op
     if op_type in ("Identity", "DeepCopy"):
         return out
     if op_type in ("While", "StatelessWhile") and pushes:
@@ -453,6 +464,8 @@ def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None,
 
 #: The attributes :func:`_small_attrs` reads of any op type.
 _OTHER_ATTRS = frozenset({"element_dtype", *_FUNC_ATTRS, *_SCALAR_ATTRS})
+#: The attributes of a constant that is nothing but its value.
+_PLAIN_CONST = frozenset({"dtype", "value", "_output_shapes"})
 
 
 def _const_attrs(t: Any) -> dict[str, Any]:
