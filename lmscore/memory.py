@@ -605,10 +605,11 @@ def _buffers(
     feeds = 0
 
     # The schedule positions of the two latest readers over every view of each transient
-    # buffer, latest first, so that "has every other reader run?" costs O(1) however long
-    # a chain of views grows. Only transient buffers are ever forwarded: the others' stay
-    # empty, as do their readers, which nothing asks for.
-    latest: list[list[int]] = []
+    # buffer (-1: none), so that "has every other reader run?" costs O(1) however long a
+    # chain of views grows. Only transient buffers are ever forwarded: the others' stay
+    # unknown, as do their readers, which nothing asks for.
+    latest: list[int] = []
+    second: list[int] = []
 
     # TensorFlow prunes the ops that lead to no variable write and not to the loss
     # (the shape of a dead gradient branch, a gradient nobody applies): they never run,
@@ -619,25 +620,15 @@ def _buffers(
         cs = consumers.get(tensor)
         if cs is None:
             return
-        top = latest[b]  # at most two entries, latest first
-        if len(cs) == 1 and not top:  # the common case: one reader of a new buffer
-            c = cs[0]
-            if needed[c]:
-                top.append(pos[c])
-            return
+        first, then = latest[b], second[b]
         for c in cs:
-            if not needed[c]:
-                continue
-            at = pos[c]
-            if not top:
-                top.append(at)
-            elif len(top) == 1:
-                if top[0] != at:
-                    top.insert(0 if at > top[0] else 1, at)
-            elif top[0] != at and top[1] != at and at > top[1]:
-                top[1] = at
-                if at > top[0]:
-                    top.reverse()
+            if needed[c]:
+                at = pos[c]
+                if at > first:
+                    first, then = at, first
+                elif at != first and at > then:
+                    then = at
+        latest[b], second[b] = first, then
 
     def new_buffer(tensor: tuple[int, int], k: str) -> int:
         b = len(root)
@@ -645,7 +636,8 @@ def _buffers(
         kind.append(k)
         readers.append([])
         members.append([tensor])
-        latest.append([])
+        latest.append(-1)
+        second.append(-1)
         return b
 
     data_in = adj.data_in
@@ -692,8 +684,7 @@ def _buffers(
                 continue
             if n > 1 and [owner[t] for t in ins].count(b) > 1:  # read twice by op i
                 continue
-            top = latest[b]  # the two latest readers' positions, latest first: but i's
-            other = top[0] if top and top[0] != me else top[1] if len(top) > 1 else -1
+            other = latest[b] if latest[b] != me else second[b]  # the latest but i
             if other < me:
                 return b
         return None
