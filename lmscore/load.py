@@ -256,7 +256,9 @@ def from_graphdef(
         attr = node.attr
         inputs = node.input
         if inputs:
-            inputs = list(inputs)  # (each read of the repeated field makes new strings)
+            # one copy, as a list: each read of the field makes new strings, and iterating
+            # it ends in an IndexError, whose message costs as much as the strings
+            inputs = inputs[:]
             data_in = tuple([t if ":" in t else t + ":0" for t in inputs if t[:1] != "^"])
             control_in = tuple([t[1:] for t in inputs if t[:1] == "^"]) if len(
                 data_in) != len(inputs) else ()
@@ -268,8 +270,8 @@ def from_graphdef(
             shapes = shapes_of.get(key)
             if shapes is None:
                 shapes = shapes_of[key] = [
-                    None if sh.unknown_rank else tuple([d.size for d in sh.dim])
-                    for sh in recorded.list.shape
+                    None if sh.unknown_rank else tuple([d.size for d in sh.dim[:]])
+                    for sh in recorded.list.shape[:]  # (copies, see inputs above)
                 ]
         else:
             key = shapes = None
@@ -441,7 +443,7 @@ def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None,
             if key in present:
                 a = attr[key]
                 out[key] = (
-                    tuple(d.size for d in a.shape.dim) if key == "shape"
+                    tuple([d.size for d in a.shape.dim[:]]) if key == "shape"
                     else _DTYPE_NAMES.get(a.type)
                 )
     if present.isdisjoint(_OTHER_ATTRS):
