@@ -97,7 +97,28 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
     adj = graph.adjacency
     ordering = order(graph)
     shapes: list[list[tuple[int, ...] | None]] = [[] for _ in ops]
-    from_input = [False] * len(ops)
+    # Whether each op's value flows from the feeds through data edges, found only for the
+    # ops rule 6 asks about (few, if any): a walk back to the feeds, remembered.
+    from_input: list[bool | None] = [None] * len(ops)
+
+    def fed(i: int) -> bool:
+        stack = [i]
+        while stack:
+            j = stack[-1]
+            if from_input[j] is not None:
+                stack.pop()
+            elif ops[j].type in FEED_OPS:
+                from_input[j] = True
+                stack.pop()
+            else:
+                todo = [p for p, _ in adj.data_in[j] if from_input[p] is None]
+                if todo:
+                    stack += todo
+                else:
+                    from_input[j] = any(from_input[p] for p, _ in adj.data_in[j])
+                    stack.pop()
+        return bool(from_input[i])
+
     assumed: list[str] = []
     vals: dict[tuple[int, int], Value] = {}
     no_values: dict[int, Value] = {}
@@ -110,13 +131,6 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
     for i in ordering.topo:
         op = ops[i]
         data_in = adj.data_in[i]
-        if op.type in FEED_OPS:
-            from_input[i] = True
-        else:
-            for p, _ in data_in:
-                if from_input[p]:
-                    from_input[i] = True
-                    break
         specs = op.outputs
         known = complete.get(id(specs))
         if known is None:
@@ -155,7 +169,7 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
                 continue
             ins = [(shapes[p][q], ops[p].outputs[q].shape) for p, q in data_in]
             r = _resolve_one(graph, i, s, ins, batch_size)
-            if r[0] == -1 and from_input[i] and op.outputs[port].dtype != "resource":
+            if r[0] == -1 and fed(i) and op.outputs[port].dtype != "resource":
                 r = (batch_size,) + r[1:]
                 assumed.append(f"{op.name}:{port}")
             out.append(r)
