@@ -640,6 +640,11 @@ def _buffers(
         second.append(-1)
         return b
 
+    # Tensors that are no transient buffer's (state, feeds, the outputs of pruned ops) are
+    # never forwarded nor reported: one entry of each kind stands for all of them.
+    held_by = {k: new_buffer((-1, 0), k) for k in ("persistent", "feed", "pruned")}
+    pruned, fed, state = held_by["pruned"], held_by["feed"], held_by["persistent"]
+
     data_in = adj.data_in
     shapes = sizes.shapes
 
@@ -707,18 +712,18 @@ def _buffers(
                 readers[owner[t]].append(i)
         elif what == _OTHER or what == _CONST:
             for port in range(len(op.outputs)):
-                owner[(i, port)] = new_buffer((i, port), "pruned")
+                owner[(i, port)] = pruned
             continue
         if what == _FEED:  # (no feed, variable or constant is a view)
             for port, spec in enumerate(op.outputs):
                 resource = spec.dtype == "resource"
-                owner[(i, port)] = new_buffer((i, port), "persistent" if resource else "feed")
+                owner[(i, port)] = state if resource else fed
                 if not resource:
                     feeds += max(nbytes[i][port], 0)
             continue
         if what != _OTHER:  # variables and constants
             for port in range(len(op.outputs)):
-                owner[(i, port)] = new_buffer((i, port), "persistent")
+                owner[(i, port)] = state
                 if what == _CONST:
                     persistent += max(nbytes[i][port], 0)
             continue
