@@ -312,7 +312,8 @@ def from_graphdef(
             data_in,
             control_in,
             outputs,
-            _small_attrs(node, pushes, consts) if op_type in _ATTR_OPS else empty,
+            _small_attrs(node, pushes, consts, attr=attr, op_type=op_type)
+            if op_type in _ATTR_OPS else empty,
         ))
     functions = frozenset(f.signature.name for f in gd.library.function)
     graph = Graph(tuple(ops), source, functions, graphdef)
@@ -400,15 +401,20 @@ _ATTR_OPS = frozenset({
 
 
 def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None,
-                 consts: dict[bytes, dict[str, Any]] | None = None) -> dict[str, Any]:
+                 consts: dict[bytes, dict[str, Any]] | None = None, *,
+                 attr: Any = None, op_type: str | None = None) -> dict[str, Any]:
     """Decode the few attributes analyses use; everything else stays in the source file.
 
     ``consts`` memoizes the decoded values of constants by their serialized ``value``
     attribute: a step holds thousands of constants but a few dozen distinct ones.
+    ``attr`` and ``op_type`` are the node's attributes and op type, if the caller has
+    them already (each read of a field of the message makes a new object).
     """
-    attr = node.attr
+    if attr is None:
+        attr = node.attr
+    if op_type is None:
+        op_type = node.op
     present = set(attr)  # one pass over the map instead of a lookup per candidate key
-    op_type = node.op
     if op_type == "Const" and consts is not None and present <= _PLAIN_CONST:
         # most constants: nothing but their value, decoded once for all its copies (one
         # dict for them all; nothing changes an op's attributes)
