@@ -410,9 +410,7 @@ def inspect_report(
     ordering = order(graph)
     sizes = resolve(graph, batch_size)
     sim = simulate(graph, batch_size, sizes=sizes, workspace=workspace)
-    counts = {c: 0 for c in CATEGORIES}
-    for c in ordering.categories:
-        counts[c] += 1
+    counts = {c: ordering.categories.count(c) for c in CATEGORIES}
     unknown = sim.unknown_size_tensors
     return {
         "file": graph.source,
@@ -427,7 +425,7 @@ def inspect_report(
         "input_bytes": sim.input_bytes,
         "transient_peak_bytes": sim.transient_peak_bytes,
         "host_peak_bytes": sim.host_peak_bytes,
-        "swap_ops": sum(1 for op in graph.ops if op.attrs.get("_lms_role")),
+        "swap_ops": sum(1 for op in graph.ops if op.attrs and op.attrs.get("_lms_role")),
         "unknown_size_tensors": len(unknown),
         "unknown_size_examples": list(unknown[:10]),
         "hotspots": [

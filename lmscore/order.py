@@ -120,7 +120,7 @@ class Ordering:
         adj = self.graph.adjacency
         n = len(self.graph.ops)
         index = self.graph.index
-        stack = [index[name] for name in self._seeds]
+        stack = list(map(index.__getitem__, self._seeds))
         if stack:
             stack += step_results(self.graph)
         if not stack:  # not a training step: nothing tells what is pruned
@@ -147,8 +147,8 @@ class Ordering:
         parent = parent_of(self.graph)
         if parent is not None:
             return order(parent)._seeds
-        names = tuple(self.graph.ops[i].name for i, c in enumerate(self.categories)
-                      if c == UPDATE)
+        ops = self.graph.ops
+        names = tuple([ops[i].name for i, c in enumerate(self.categories) if c == UPDATE])
         return names + ((self.loss,) if self.loss is not None else ())
 
     @property
