@@ -119,6 +119,10 @@ class Buffer:
         return self.end - self.start
 
 
+#: The fields of :class:`Buffer`, in order.
+_BUFFER_FIELDS = tuple(f.name for f in dataclasses.fields(Buffer))
+
+
 @dataclass(frozen=True)
 class LiveTensor:
     """A buffer alive at some level, as shown in the hotspot table.
@@ -748,6 +752,7 @@ def _buffers(
             if kind[b] == "transient":
                 note_readers(b, t)
     out: list[Buffer] = []
+    new_record = object.__new__
     for b, (p, port) in enumerate(root):
         if kind[b] != "transient":
             continue
@@ -755,24 +760,29 @@ def _buffers(
         # Appended in schedule order, and an op's reads of one buffer one after the other.
         if len(rs) > 1:
             rs = list(dict.fromkeys(rs))
-            end = max([level[r] for r in rs])
+            end = max(map(level.__getitem__, rs))
         else:
             end = level[rs[0]] if rs else level[p]
         op = ops[p]
         views = members[b]
-        out.append(Buffer(
+        # Buffer(...) with its fields set directly: a frozen dataclass's __init__ sets each
+        # through object.__setattr__, four times slower for the thousands of buffers.
+        buf = new_record(Buffer)
+        buf.__dict__.update(zip(_BUFFER_FIELDS, (
             f"{op.name}:{port}",
             max(nbytes[p][port], 0),
             level[p],
             end,
             p,
             tuple(rs),
-            host_op(op.device, dict(op.attrs)),
+            # (the default reads the attributes only: no copy to protect the op's)
+            host_op(op.device, op.attrs if host_op is is_host_op else dict(op.attrs)),
             False,
             pos[p],
             pos[rs[-1]] if rs else pos[p],
             tuple([f"{ops[q].name}:{k}" for q, k in views[1:]]) if len(views) > 1 else (),
-        ))
+        ), strict=True))
+        out.append(buf)
     return out, persistent, feeds
 
 
