@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import functools
 import heapq
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from itertools import compress
+from itertools import chain, compress
 
 from .errors import GraphError
 from .ir import FEED_OPS, VARIABLE_OPS, Graph, gc_paused, op_signatures, parent_of
@@ -207,20 +206,18 @@ def _levels(graph: Graph) -> tuple[tuple[int, ...], tuple[int, ...]]:
     adj = graph.adjacency
     preds, succs = adj.preds, adj.succs
     n = len(graph.ops)
-    indeg = [len(p) for p in preds]
+    indeg = list(map(len, preds))
     level = [0] * n
-    queue = deque(i for i in range(n) if indeg[i] == 0)
-    topo: list[int] = []
-    while queue:
-        i = queue.popleft()
-        topo.append(i)
+    # First in, first out: the list is the queue, walked while it grows.
+    topo = [i for i, d in enumerate(indeg) if not d]
+    for i in topo:
         li = level[i] + 1
         for s in succs[i]:
             if level[s] < li:
                 level[s] = li
             indeg[s] -= 1
-            if indeg[s] == 0:
-                queue.append(s)
+            if not indeg[s]:
+                topo.append(s)
     if len(topo) != n:
         from .ir import _describe_cycle
 
@@ -246,8 +243,8 @@ def order(graph: Graph) -> Ordering:
     by_level: list[list[int]] = [[] for _ in range(max(lv, default=-1) + 1)]
     for i, lvl in enumerate(lv):
         by_level[lvl].append(i)
-    topo = tuple(i for ops in by_level for i in ops)
-    return Ordering(lv, tuple(tuple(o) for o in by_level), topo, fifo, graph)
+    topo = tuple(chain.from_iterable(by_level))
+    return Ordering(lv, tuple(map(tuple, by_level)), topo, fifo, graph)
 
 
 def replayed(ordering: Ordering, executed: Sequence[str]) -> Ordering:
