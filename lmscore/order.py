@@ -362,13 +362,12 @@ def _categories(
 
     # One pass in topological order. Feeds, state and reads of state. Value flow from the
     # feeds (from_input: shape-only ops cut it, their outputs ignore values) and dependence
-    # on the feeds through any data edge, shapes included (from_data). Writes, and what
-    # reads state: the arithmetic whose only use is to feed writes and that computes on
-    # optimizer state rather than on the data (step counters, bias corrections, moments).
+    # on the feeds through any data edge, shapes included (from_data). Writes: of a few op
+    # types (found once each), and of some of them only when they read a resource.
     from_input = [False] * n
     from_data = [False] * n
-    reads_state = [False] * n
     write = [False] * n
+    writers = {t for t in set(types) if _writes(t, True, True) or _writes(t, True, False)}
     for i in topo:
         t = types[i]
         ins = data_in[i]
@@ -401,14 +400,15 @@ def _categories(
                         break
         elif c == INPUT:
             from_input[i] = from_data[i] = True
-        reads_resource = False
-        for p, port in ins:
-            if ops[p].outputs[port].dtype == "resource":
-                reads_state[i] = reads_resource = True
-                break
-            if types[p] in RESOURCE_READS:
-                reads_state[i] = True
-        write[i] = _writes(t, reads_resource, not ops[i].outputs)
+        if t in writers:
+            resource = any(ops[p].outputs[port].dtype == "resource" for p, port in ins)
+            write[i] = _writes(t, resource, not ops[i].outputs)
+
+    def reads_state(i: int) -> bool:
+        """Whether op ``i`` reads a resource or a read of one: computes on state."""
+        return any(ops[p].outputs[port].dtype == "resource" or types[p] in RESOURCE_READS
+                   for p, port in data_in[i])
+
     # What a gradient kernel reads is the forward or the backward pass, never optimizer
     # arithmetic, even where every later use is a write (a tf.compat.v1 optimizer applies
     # the gradients themselves, so the seed's constant arithmetic leads only to writes).
@@ -450,7 +450,7 @@ def _categories(
             update[i] = (
                 write[i]
                 or not from_data[i]
-                or reads_state[i]
+                or reads_state(i)
                 or all(update[p] or cat[p] == PERSISTENT for p, _ in ins)
                 # lr * grad: an elementwise scaling by state that feeds the write directly
                 or (
