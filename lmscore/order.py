@@ -127,8 +127,9 @@ class Ordering:
         seen = [False] * n
         for i in stack:
             seen[i] = True
-        while stack:
-            for p in adj.preds[stack.pop()]:
+        preds = adj.preds
+        for i in stack:  # (the list grows as it is walked: each op seen once)
+            for p in preds[i]:
                 if not seen[p]:
                     seen[p] = True
                     stack.append(p)
@@ -611,25 +612,25 @@ def _closure(
     adj = graph.adjacency
     ops = graph.ops
     seen = [False] * len(ops)
-    stack = [i for i in start if cat[i] is None]
-    for i in stack:
+    reached = [i for i in start if cat[i] is None]
+    for i in reached:
         seen[i] = True
     if down:
         readers = adj.readers
-        while stack:
-            for k in readers[stack.pop()]:
+        for j in reached:  # (the list grows as it is walked: each op once)
+            for k in readers[j]:
                 if not seen[k] and cat[k] is None and not (
                         values and ops[k].type in SHAPE_ONLY_OPS):
                     seen[k] = True
-                    stack.append(k)
+                    reached.append(k)
     else:
         data_in = adj.data_in
-        while stack:
-            for k, _ in data_in[stack.pop()]:
+        for j in reached:
+            for k, _ in data_in[j]:
                 if not seen[k] and cat[k] is None and not (
                         values and ops[k].type in SHAPE_ONLY_OPS):
                     seen[k] = True
-                    stack.append(k)
+                    reached.append(k)
     return seen
 
 
@@ -807,9 +808,7 @@ def _gradient_structure(
             stack.extend(c for c in readers[j] if ops[c].type in OUTPUT_OPS)
         return False
 
-    found = set(losses)
-    topo_pos = {i: k for k, i in enumerate(topo) if i in found}
-    losses.sort(key=lambda i: (not returned(i), topo_pos[i]))
+    losses.sort(key=lambda i: (not returned(i), topo.index(i)))  # (a few losses)
     return chosen, losses, backward
 
 
