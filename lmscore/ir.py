@@ -300,10 +300,11 @@ class Graph:
         buffer instead of handing out the variable's own.
         """
         adj = self.adjacency
+        sparse = {t for t in {op.type for op in self.ops} if t.startswith(SPARSE_UPDATES)}
         return frozenset(
             adj.data_in[i][0] for i, op in enumerate(self.ops)
-            if op.type.startswith(SPARSE_UPDATES) and adj.data_in[i]
-        )
+            if op.type in sparse and adj.data_in[i]
+        ) if sparse else frozenset()
 
     def op(self, name: str) -> Op:
         """Return the op called ``name``.

@@ -130,7 +130,6 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
     nbytes: list[Any] = [None] * len(ops)  # byte counts, here those of recorded shapes
     for i in ordering.topo:
         op = ops[i]
-        data_in = adj.data_in[i]
         specs = op.outputs
         known = complete.get(id(specs))
         if known is None:
@@ -139,6 +138,7 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
             shapes[i] = known[0]
             nbytes[i] = known[1]  # (None: counted below, in the order of the ops)
             continue
+        data_in = adj.data_in[i]
         own = no_values
         if op.outputs and op.outputs[0].dtype in ("int32", "int64"):
             own = _int_values(graph, i, vals, shapes)
@@ -207,8 +207,8 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
     var_bytes = _variable_bytes(graph, shapes, nbytes)
     return Sizes(
         batch_size=batch_size,
-        shapes=tuple(tuple(s) for s in shapes),
-        nbytes=tuple(tuple(row) for row in nbytes),
+        shapes=tuple(map(tuple, shapes)),
+        nbytes=tuple(map(tuple, nbytes)),
         unknown=tuple(unknown),
         assumed=tuple(assumed),
         variable_bytes=var_bytes,
@@ -504,9 +504,8 @@ def _variable_bytes(
     ops = graph.ops
     adj = graph.adjacency
     out: dict[str, int] = {}
-    for i, op in enumerate(ops):
-        if op.type not in _HOLDERS:
-            continue
+    for i in [i for i, op in enumerate(ops) if op.type in _HOLDERS]:
+        op = ops[i]
         resource = bool(op.outputs) and op.outputs[0].dtype == "resource"
         if not (op.type in VARIABLE_OPS or resource):
             continue
@@ -672,9 +671,8 @@ def _bytes_from_peers(graph: Graph, out: dict[str, int]) -> None:
     """
     adj = graph.adjacency
     ops = graph.ops
-    for c, op in enumerate(ops):
-        if not op.type.startswith(FUSED_APPLIES):
-            continue
+    fused = {t for t in {op.type for op in ops} if t.startswith(FUSED_APPLIES)}
+    for c in [c for c, op in enumerate(ops) if op.type in fused] if fused else ():
         peers = [ops[p].name for p, _ in adj.data_in[c] if ops[p].name in out]
         known = [out[name] for name in peers if out[name] >= 0]
         for name in peers:
