@@ -599,8 +599,9 @@ def _buffers(
     pos = ordering.position
     consumers = adj.consumers
     nbytes = sizes.nbytes
-    # Buffer of each tensor: id into the parallel lists below.
-    owner: dict[tuple[int, int], int] = {}
+    # Buffer of each tensor, by op and port (filled in schedule order): id into the
+    # parallel lists below.
+    owner: list[list[int]] = [[]] * len(ops)  # (each op's own list once it has run)
     root: list[tuple[int, int]] = []
     kind: list[str] = []  # "transient", "persistent", "feed", "pruned"
     readers: list[list[int]] = []
@@ -684,14 +685,13 @@ def _buffers(
         for k in candidates if candidates is not None else range(n):
             if k >= n:
                 continue
-            tensor = ins[k]
-            b = owner[tensor]
+            p, pt = ins[k]
+            b = owner[p][pt]
             if kind[b] != "transient":
                 continue
-            p, pt = tensor
             if shapes[p][pt] != out_shape or ops[p].outputs[pt].dtype != out_dtype:
                 continue
-            if n > 1 and [owner[t] for t in ins].count(b) > 1:  # read twice by op i
+            if n > 1 and [owner[q][qt] for q, qt in ins].count(b) > 1:  # read twice by op i
                 continue
             other = latest[b] if latest[b] != me else second[b]  # the latest but i
             if other < me:
@@ -712,42 +712,42 @@ def _buffers(
             )
         what, may_view, may_forward = role
         if needed[i]:
-            for t in data_in[i]:
-                readers[owner[t]].append(i)
+            for p, port in data_in[i]:
+                readers[owner[p][port]].append(i)
         elif what == _OTHER or what == _CONST:
-            for port in range(len(op.outputs)):
-                owner[(i, port)] = pruned
+            owner[i] = [pruned] * len(op.outputs)
             continue
         if what == _FEED:  # (no feed, variable or constant is a view)
+            owner[i] = [fed] * len(op.outputs)
             for port, spec in enumerate(op.outputs):
-                resource = spec.dtype == "resource"
-                owner[(i, port)] = state if resource else fed
-                if not resource:
+                if spec.dtype == "resource":
+                    owner[i][port] = state
+                else:
                     feeds += max(nbytes[i][port], 0)
             continue
         if what != _OTHER:  # variables and constants
-            for port in range(len(op.outputs)):
-                owner[(i, port)] = state
-                if what == _CONST:
-                    persistent += max(nbytes[i][port], 0)
+            owner[i] = [state] * len(op.outputs)
+            if what == _CONST:
+                persistent += sum(max(b, 0) for b in nbytes[i])
             continue
-        for port in range(len(op.outputs)):
+        own = owner[i] = [0] * len(op.outputs)
+        for port in range(len(own)):
             t = (i, port)
             src = _view_of(graph, sizes, i, port) if may_view else None
             if src is None and may_forward:
                 b = forwardable(i, port)
                 if b is None:
-                    owner[t] = b = new_buffer(t, "transient")
+                    own[port] = b = new_buffer(t, "transient")
                     note_readers(b, t)
                     continue
             elif src is None:
-                owner[t] = b = new_buffer(t, "transient")
+                own[port] = b = new_buffer(t, "transient")
                 note_readers(b, t)
                 continue
             else:
-                b = owner[src]
+                b = owner[src[0]][src[1]]
             # a view or an in-place result: the buffer gains a tensor and its readers
-            owner[t] = b
+            own[port] = b
             members[b].append(t)
             if kind[b] == "transient":
                 note_readers(b, t)
