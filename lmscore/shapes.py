@@ -705,6 +705,13 @@ def _int_values(
     """Values of op ``i``'s small integer outputs, when its inputs' values are known."""
     op = graph.ops[i]
     t = op.type
+    if t == "Const":  # most of them: a constant's decoded value, if it is an integer one
+        attrs = op.attrs
+        if "value" not in attrs or not all(isinstance(x, int) for x in attrs["value"]):
+            return {}
+        shape = attrs.get("const_shape", op.outputs[0].shape if op.outputs else ())
+        const = (tuple(shape or ()), tuple(attrs["value"]))
+        return {} if len(const[1]) > _MAX_VALUE else {0: const}
     ins = graph.adjacency.data_in[i]
 
     def v(k: int) -> Value | None:
@@ -715,12 +722,7 @@ def _int_values(
         return shapes[p][port]
 
     out: Value | None = None
-    if t == "Const" and "value" in op.attrs and all(
-        isinstance(x, int) for x in op.attrs["value"]
-    ):
-        shape = op.attrs.get("const_shape", op.outputs[0].shape if op.outputs else ())
-        out = (tuple(shape or ()), tuple(op.attrs["value"]))
-    elif t == "Shape" and ins and _known(in_shape(0)):
+    if t == "Shape" and ins and _known(in_shape(0)):
         s = in_shape(0)
         out = ((len(s),), s)
     elif t == "ShapeN":
