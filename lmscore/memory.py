@@ -691,7 +691,11 @@ def _buffers(
                 continue
             if shapes[p][pt] != out_shape or ops[p].outputs[pt].dtype != out_dtype:
                 continue
-            if n > 1 and [owner[q][qt] for q, qt in ins].count(b) > 1:  # read twice by op i
+            if n == 2:  # (most: binary kernels)
+                (p0, t0), (p1, t1) = ins
+                if owner[p0][t0] == owner[p1][t1]:  # read twice by op i
+                    continue
+            elif n > 2 and [owner[q][qt] for q, qt in ins].count(b) > 1:
                 continue
             other = latest[b] if latest[b] != me else second[b]  # the latest but i
             if other < me:
@@ -912,12 +916,12 @@ def _update_copies(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffe
     pos = ordering.position
     data_in = adj.data_in
     # Most ops are neither reads nor updates: find the op types that are, once each.
-    writes = {t for t in {op.type for op in ops} if _is_update(t)}
+    watched = {t for t in {op.type for op in ops} if _is_update(t)} | {"ReadVariableOp"}
     reads: dict[tuple[int, int], list[int]] = {}
     updates: dict[tuple[int, int], list[int]] = {}
-    for i, op in enumerate(ops):
-        t = op.type
-        if (t == "ReadVariableOp" or t in writes) and data_in[i] and needed[i] and (
+    for i in [i for i, op in enumerate(ops) if op.type in watched]:
+        t = ops[i].type
+        if data_in[i] and needed[i] and (
                 data_in[i][0] not in graph.copy_on_read):  # (reads copy it: nothing shared)
             (reads if t == "ReadVariableOp" else updates).setdefault(data_in[i][0], []).append(i)
     # The schedule position of the last reader over all views of each read of a variable
