@@ -732,7 +732,9 @@ def _buffers(
         if what != _OTHER:  # variables and constants
             owner[i] = [state] * len(op.outputs)
             if what == _CONST:
-                persistent += sum(max(b, 0) for b in nbytes[i])
+                for b in nbytes[i]:
+                    if b > 0:
+                        persistent += b
             continue
         own = owner[i] = [0] * len(op.outputs)
         for port in range(len(own)):

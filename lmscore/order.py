@@ -335,7 +335,10 @@ def _unscheduled(graph: Graph) -> Graph:
 
     What an op is (forward, backward, update) does not change with the order it runs in.
     """
-    if not any(SCHEDULED_AFTER in op.attrs for op in graph.ops):
+    for op in graph.ops:
+        if SCHEDULED_AFTER in op.attrs:
+            break
+    else:
         return graph
     ops = []
     for op in graph.ops:
