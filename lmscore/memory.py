@@ -119,8 +119,11 @@ class Buffer:
         return self.end - self.start
 
 
-#: The fields of :class:`Buffer`, in order.
-_BUFFER_FIELDS = tuple(f.name for f in dataclasses.fields(Buffer))
+# :func:`_buffers` sets these fields of each record itself.
+if [f.name for f in dataclasses.fields(Buffer)] != [
+        "tensor", "bytes", "start", "end", "producer", "readers", "host", "scratch", "first",
+        "last", "views"]:
+    raise RuntimeError("lmscore.memory.Buffer's fields changed: _buffers sets them one by one")
 
 
 @dataclass(frozen=True)
@@ -772,22 +775,22 @@ def _buffers(
         op = ops[p]
         views = members[b]
         # Buffer(...) with its fields set directly: a frozen dataclass's __init__ sets each
-        # through object.__setattr__, four times slower for the thousands of buffers.
+        # through object.__setattr__, three times slower for the thousands of buffers.
         buf = new_record(Buffer)
-        buf.__dict__.update(zip(_BUFFER_FIELDS, (
-            f"{op.name}:{port}",
-            max(nbytes[p][port], 0),
-            level[p],
-            end,
-            p,
-            tuple(rs),
+        buf.__dict__.update(
+            tensor=f"{op.name}:{port}",
+            bytes=max(nbytes[p][port], 0),
+            start=level[p],
+            end=end,
+            producer=p,
+            readers=tuple(rs),
             # (the default reads the attributes only: no copy to protect the op's)
-            host_op(op.device, op.attrs if host_op is is_host_op else dict(op.attrs)),
-            False,
-            pos[p],
-            pos[rs[-1]] if rs else pos[p],
-            tuple([f"{ops[q].name}:{k}" for q, k in views[1:]]) if len(views) > 1 else (),
-        ), strict=True))
+            host=host_op(op.device, op.attrs if host_op is is_host_op else dict(op.attrs)),
+            scratch=False,
+            first=pos[p],
+            last=pos[rs[-1]] if rs else pos[p],
+            views=tuple([f"{ops[q].name}:{k}" for q, k in views[1:]]) if len(views) > 1 else (),
+        )
         out.append(buf)
     return out, persistent, feeds
 
