@@ -668,7 +668,14 @@ def _gradient_structure(
     ops = graph.ops
     adj = graph.adjacency
     n = len(ops)
-    kernels = [i for i in topo if cat[i] is None and ops[i].type in GRADIENT_PORTS]
+    kernels, ones = [], []  # the gradient kernels, and the ops that may be a constant 1
+    for i in topo:
+        t = ops[i].type
+        if t in GRADIENT_PORTS:
+            if cat[i] is None:
+                kernels.append(i)
+        elif t in _ONE_TYPES:
+            ones.append(i)
     if not kernels:
         return [], [], [False] * n
     fwd_in, grad_in = [], []
@@ -679,7 +686,7 @@ def _gradient_structure(
                 (grad_in if j in ports else fwd_in).append(p)
     forward_side = _closure(graph, fwd_in, cat, down=False)
     to_gradient = _closure(graph, grad_in, cat, down=False)
-    seeds = [i for i in _one_constants(graph, topo, cat) if not forward_side[i] and any(
+    seeds = [i for i in _one_constants(graph, topo, cat, ones) if not forward_side[i] and any(
         to_gradient[c] for c in adj.consumers.get((i, 0), ()))]
     # A constant 1 of the forward pass (a dropout mask's range, the 1 of 1 + erf(x))
     # computes values that the seed's consumers read, and the seed's own first ops (the
@@ -708,7 +715,7 @@ def _gradient_structure(
     for s, d in below_of.items():
         pure = {s}
         outside: set[int] = set()
-        for j in [j for j in topo if d[j]]:
+        for j in compress(topo, map(d.__getitem__, topo)):
             ins = [p for p, _ in adj.data_in[j]]
             if not any(p in pure for p in ins):
                 continue
@@ -831,8 +838,14 @@ def _ancestors(graph: Graph, i: int) -> set[int]:
 _ONE_TYPES = frozenset({"OnesLike", "Const", "Fill"})
 
 
-def _one_constants(graph: Graph, topo: tuple[int, ...], cat: list[str | None]) -> list[int]:
-    """Floating-point constants equal to 1 (``Const``, ``Fill`` of one, ``OnesLike``)."""
+def _one_constants(
+    graph: Graph, topo: tuple[int, ...], cat: list[str | None],
+    candidates: list[int] | None = None,
+) -> list[int]:
+    """Floating-point constants equal to 1 (``Const``, ``Fill`` of one, ``OnesLike``).
+
+    ``candidates``: the ops of ``topo`` of those types, in its order, if the caller has them.
+    """
     ops = graph.ops
     adj = graph.adjacency
 
@@ -841,14 +854,20 @@ def _one_constants(graph: Graph, topo: tuple[int, ...], cat: list[str | None]) -
             i = adj.data_in[i][1][0]
         return ops[i].type == "Const" and ops[i].attrs.get("value") == (1.0,)
 
-    return [
-        i for i in topo
-        if ops[i].type in _ONE_TYPES
-        and ops[i].outputs and ops[i].outputs[0].dtype in _FLOATS
-        and (ops[i].type == "OnesLike" and cat[i] is None
-             or ops[i].type in ("Const", "Fill") and one(i))
-        and any(cat[c] is None for c in adj.consumers.get((i, 0), ()))
-    ]
+    out = []
+    if candidates is None:
+        candidates = [i for i in topo if ops[i].type in _ONE_TYPES]
+    for i in candidates:
+        op = ops[i]
+        # the most selective test first: few constants are 1
+        if op.type == "Const" and op.attrs.get("value") != (1.0,):
+            continue
+        if op.type == "OnesLike" and cat[i] is not None or op.type == "Fill" and not one(i):
+            continue
+        if op.outputs and op.outputs[0].dtype in _FLOATS and any(
+                cat[c] is None for c in adj.consumers.get((i, 0), ())):
+            out.append(i)
+    return out
 
 def _find_seed(graph: Graph, topo: tuple[int, ...], cat: list[str | None]) -> int | None:
     """The gradient seed: the constant 1 (or ``OnesLike``) that reaches the most gradient ops.
