@@ -128,6 +128,9 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
     # graph keeps alive.
     complete: dict[int, tuple[tuple | None, tuple[int, ...] | None]] = {}
     nbytes: list[Any] = [None] * len(ops)  # byte counts, here those of recorded shapes
+    # A constant's value and shapes depend on nothing but its attributes and specs, which
+    # the importer shares among equal constants: each such pair is evaluated once.
+    constants: dict[tuple[int, int], tuple[dict[int, Value], list]] = {}
     for i in ordering.topo:
         op = ops[i]
         specs = op.outputs
@@ -138,6 +141,13 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
             shapes[i] = known[0]
             nbytes[i] = known[1]  # (None: counted below, in the order of the ops)
             continue
+        if op.type == "Const":
+            same = constants.get((id(op.attrs), id(specs)))
+            if same is not None:
+                for port, value in same[0].items():
+                    vals[(i, port)] = value
+                shapes[i] = same[1]
+                continue
         data_in = adj.data_in[i]
         own = no_values
         if op.outputs and op.outputs[0].dtype in ("int32", "int64"):
@@ -176,6 +186,8 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
         if derived:  # (a recorded shape was checked above)
             _check_resolved(graph, i, out, vals)
         shapes[i] = out
+        if op.type == "Const":
+            constants[(id(op.attrs), id(specs))] = (own, out)
     unknown: list[str] = []
     lists = False  # whether any tensor is a TensorList (variant)
     bytes_of: dict[tuple[tuple[int, ...] | None, str], int] = {}  # few distinct shapes
