@@ -758,20 +758,22 @@ def _gradient_structure(
 
     # Partial gradients computed before they meet the seed (of a loss's denominator, say)
     # lead into the backward pass; the loss does not.
+    # In the same sweep: the floating-point scalars computed from the feeds, outside the
+    # backward pass (found last first).
     meets = [False] * n
     readers = adj.readers
+    apart = []
     for i in reversed(topo):
         for c in readers[i]:
             if below_seed[c] or meets[c]:
                 meets[i] = True
                 break
-    apart = []  # floating-point scalars computed from the feeds, outside the backward pass
-    for i in topo:
         if from_input[i] and not backward[i] and cat[i] is None and ops[i].outputs:
             spec = ops[i].outputs[0]
             if spec.dtype in _FLOATS and spec.shape is not None and all(
                     d == 1 for d in spec.shape):
                 apart.append(i)
+    apart.reverse()
     pool = [i for i in apart if not meets[i]] or apart
     if not pool:
         return chosen, [], backward
@@ -824,14 +826,14 @@ def _gradient_structure(
 
 def _ancestors(graph: Graph, i: int) -> set[int]:
     """Data ancestors of op ``i`` (itself included)."""
-    adj = graph.adjacency
+    data_in = graph.adjacency.data_in
     seen = {i}
-    stack = [i]
-    while stack:
-        for p, _ in adj.data_in[stack.pop()]:
+    found = [i]
+    for j in found:  # (the list grows as it is walked: each op once)
+        for p, _ in data_in[j]:
             if p not in seen:
                 seen.add(p)
-                stack.append(p)
+                found.append(p)
     return seen
 
 
