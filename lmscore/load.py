@@ -21,6 +21,7 @@ import tempfile
 import threading
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
+from sys import intern
 from typing import Any
 
 from google.protobuf import message, text_format
@@ -252,7 +253,9 @@ def from_graphdef(
         _op_setters())
     for node in gd.node:
         name = node.name
-        op_type = node.op
+        # One string per op type, not per op: every analysis looks op types up, and a few
+        # dozen strings stay in the processor's caches where tens of thousands would not.
+        op_type = intern(node.op)
         if not name:
             raise GraphError(f"{source}: a node has an empty name")
         if not op_type:
