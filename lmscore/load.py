@@ -165,12 +165,15 @@ def from_graphdef_bytes(data: bytes, *, source: str = "<bytes>", text: bool | No
     if len(gd.node) == 0:
         raise GraphError(f"{source}: not a training graph: the GraphDef has no nodes")
     try:
-        return from_graphdef(gd, source=source, graphdef=gd.SerializeToString() if was_text
-                             else data)
+        graph = _unlinked_graph(gd, source=source, graphdef=gd.SerializeToString() if was_text
+                                else data)
     except _MissingShapes:
         _check_names(gd, source)  # what is wrong anyway is said without TensorFlow
         gd = _add_shapes_with_tensorflow(gd, source)
-        return from_graphdef(gd, source=source, graphdef=gd.SerializeToString())
+        graph = _unlinked_graph(gd, source=source, graphdef=gd.SerializeToString())
+    del gd  # the parsed message's memory is free again before the adjacency is built
+    graph.adjacency  # noqa: B018 - validate names, inputs and ports now, with the file named
+    return graph
 
 
 class _MissingShapes(Exception):
@@ -237,6 +240,16 @@ def from_graphdef(
     Raises ``_MissingShapes`` (internal) when ``require_shapes`` and a node with outputs
     lacks ``_output_shapes``, so that the caller can let TensorFlow infer them.
     """
+    graph = _unlinked_graph(gd, source=source, graphdef=graphdef,
+                            require_shapes=require_shapes)
+    graph.adjacency  # noqa: B018 - validate names, inputs and ports now, with the file named
+    return graph
+
+
+def _unlinked_graph(
+    gd: Any, *, source: str, graphdef: bytes | None, require_shapes: bool = True,
+) -> Graph:
+    """:func:`from_graphdef` up to the adjacency, which validates the ops' inputs."""
     sigs = _compiled_signatures()
     one_output = _one_output_signatures()
     pushes = _list_pushes(gd)
@@ -323,9 +336,7 @@ def from_graphdef(
                   if op_type in _ATTR_OPS else empty)
         ops.append(op)
     functions = frozenset(f.signature.name for f in gd.library.function)
-    graph = Graph(tuple(ops), source, functions, graphdef)
-    graph.adjacency  # noqa: B018 - validate names, inputs and ports now, with the file named
-    return graph
+    return Graph(tuple(ops), source, functions, graphdef)
 
 
 @functools.cache
