@@ -55,12 +55,13 @@ def _number(id_: str, value: Any, minimum: int, hint: str, label: str) -> html.L
                                    debounce=True, className="num"), hint)
 
 
-#: The graph's config: no link, logo, cloud or chart-studio button, no wheel zoom (the
-#: wheel scrolls the page; zoom by dragging or with the buttons).
+#: The graph's config: no logo, cloud or chart-studio button, no wheel zoom (the wheel
+#: scrolls the page; zoom by dragging or with the buttons). Only keys the plotly.js that
+#: Dash serves knows (its "showLink" and "showEditInChartStudio" are gone; the page test
+#: checks that neither is on).
 GRAPH_CONFIG = {
     "displaylogo": False, "scrollZoom": False, "showSendToCloud": False,
-    "showEditInChartStudio": False, "plotlyServerURL": "", "showLink": False,
-    "sendData": False, "showTips": False,
+    "plotlyServerURL": "", "sendData": False, "showTips": False,
     "modeBarButtonsToRemove": ["lasso2d", "select2d", "sendDataToCloud", "editInChartStudio"],
 }
 
