@@ -1424,17 +1424,16 @@ def live_tensor(graph: Graph, b: Buffer, *, sizes: Sizes, ordering: Ordering | N
     ordering : Ordering, optional
         ``order(graph)``, if the caller has it.
     """
-    from .swappable import swap_refusal
+    from .swappable import running_readers, swap_refusal
 
     ordering = ordering or order(graph)
     lv = ordering.levels
-    adj = graph.adjacency
     best, reach = b.tensor, -1
     own = b.tensor.rpartition(":")[0] in graph.index
     for t in (b.tensor, *b.views) if own and not b.scratch else ():
         name, _, port = t.rpartition(":")
         i = graph.index[name]
-        far = max((lv[c] - lv[i] for c in adj.consumers.get((i, int(port)), ())), default=-1)
+        far = max((lv[c] - lv[i] for c in running_readers(ordering, i, int(port))), default=-1)
         if far > reach:
             best, reach = t, far
     if b.scratch or (not own and b.tensor.endswith("/workspace")):

@@ -38,6 +38,7 @@ from .swappable import (  # noqa: F401 - re-exported: plans are where they are u
     on_accelerator,
     owns_memory,
     rank_at_least_2,
+    running_readers,
     swap_refusal,
 )
 
@@ -605,16 +606,18 @@ def candidates(
     """Tensors with at least one consumer more than ``threshold`` levels after them.
 
     Consumers that must read the tensor itself (:func:`keeps_tensor`, with ``exact``) are
-    never far.
+    never far. Only ops the step runs count (:attr:`lmscore.order.Ordering.needed`): a
+    swap-in for a reader the step prunes would move bytes for nothing.
     """
     ordering = order(graph)
     lv = ordering.levels
-    adj = graph.adjacency
-    consumers = adj.consumers
+    needed = ordering.needed
     out = []
     for i, op in enumerate(graph.ops):
+        if not needed[i]:
+            continue
         for port in range(len(op.outputs)):
-            readers = consumers.get((i, port))
+            readers = running_readers(ordering, i, port)
             # the distance first: it rules out most tensors, and costs less than a predicate
             if not readers or max([lv[c] for c in readers]) - lv[i] <= threshold:
                 continue
@@ -1031,8 +1034,8 @@ def _far_readers(
     if reason:
         raise PlanError(f"tensor {tensor!r} cannot be {done}: {reason}")
     lv = ordering.levels
-    readers = graph.adjacency.consumers.get((i, port), ())
-    far = tuple(graph.ops[c].name for c in dict.fromkeys(readers) if lv[c] - lv[i] > threshold)
+    far = tuple(graph.ops[c].name for c in running_readers(ordering, i, port)
+                if lv[c] - lv[i] > threshold)
     if not far:
         raise PlanError(f"tensor {tensor!r} has no consumer more than {threshold} level(s) "
                         f"after it: nothing to {verb}")

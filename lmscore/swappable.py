@@ -48,6 +48,18 @@ def owns_memory(graph: Graph, ordering: Ordering, sizes: Sizes, i: int, port: in
     return ordering.categories[i] not in ("persistent", "input")
 
 
+def running_readers(ordering: Ordering, i: int, port: int) -> tuple[int, ...]:
+    """The distinct ops that read output ``port`` of op ``i`` and that the step runs.
+
+    A reader the step prunes (:attr:`lmscore.order.Ordering.needed`) never runs: a swap-in
+    or a recomputation for it would move or compute bytes for nothing, so no swap, hand
+    edit or hotspot row counts it.
+    """
+    needed = ordering.needed
+    readers = ordering.graph.adjacency.consumers.get((i, port), ())
+    return tuple([c for c in dict.fromkeys(readers) if needed[c]])
+
+
 def _refusal_of_placement(graph: Graph, ordering: Ordering, i: int) -> str:
     role = graph.ops[i].attrs.get("_lms_role")
     return f"a {role.replace('_', '-')} op" if role else f"{ordering.categories[i]} tensor"

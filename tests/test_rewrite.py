@@ -20,6 +20,7 @@ from lmscore.plan import (
     Swap,
     SwapIn,
     add_swap,
+    candidates,
     check_plan,
     fingerprint,
     load_plan,
@@ -32,6 +33,7 @@ from lmscore.plan import (
 )
 from lmscore.rewrite import rewrite
 from lmscore.samples import sample_dir
+from lmscore.shapes import resolve
 
 
 def test_plan_from_params_picks_the_long_edge_and_its_trigger():
@@ -280,6 +282,33 @@ def test_swap_out_release_ignores_readers_the_step_prunes(pin):
     assert "lms/swapout_a_0" in new.op("c").control_inputs
     assert all("lms/swapout_a_0" not in op.control_inputs
                for op in new.ops if op.name not in ("c", "lms/swapin_a_0_0"))
+
+
+def test_readers_the_step_prunes_are_never_swap_candidates():
+    """A swap-in for a reader that never runs would move bytes for nothing."""
+    big, small = t("float", 1, 1000), t("float", 1, 8)
+    g = Graph((
+        Op("x", "Placeholder", outputs=small),
+        Op("w", "Placeholder", outputs=t("resource")),
+        Op("a", "Conv2D", inputs=("x:0",), outputs=big),
+        Op("b", "Conv2D", inputs=("a:0",), outputs=small),
+        Op("c", "Conv2D", inputs=("b:0",), outputs=small),
+        Op("d", "Conv2D", inputs=("c:0",), outputs=small),
+        Op("f", "Conv2D", inputs=("d:0", "a:0"), outputs=small),
+        Op("dead", "Greater", inputs=("a:0", "f:0"), outputs=t("bool", 1, 1000)),  # unread
+        Op("g", "Conv2D", inputs=("f:0",), outputs=small),
+        Op("dead2", "Greater", inputs=("g:0", "a:0"), outputs=t("bool", 1, 1000)),
+        Op("upd", "AssignSubVariableOp", inputs=("w:0", "g:0")),
+    ), "pruned readers")
+    o = lmscore.order(g)
+    assert [g.ops[i].name for i in range(len(g.ops)) if not o.needed[i]] == ["dead", "dead2"]
+    sizes = resolve(g, 1)
+    # a:0's far readers: f only (dead and dead2, further still, never run)
+    assert [(c.tensor, c.far, c.near) for c in candidates(g, sizes, 2)] == [
+        ("a:0", ("f",), ("b",))]
+    plan = plan_from_params(g, 1, threshold=2)
+    assert [(s.tensor, [si.consumers for si in s.swap_ins]) for s in plan.swaps] == [
+        ("a:0", [("f",)])]
 
 
 def test_pinned_schedule_chains_device_ops_in_the_simulated_order():
