@@ -649,6 +649,12 @@ def _validate_plan(args: argparse.Namespace, graph: Any, batch: int) -> int:
               else f"{v.saving_ratio:.3f}")
     runs = ", ".join(format_bytes(b) for b in v.rewritten_runs)
     print(f"  rewritten step measured {len(v.rewritten_runs)} times ({runs}): the largest is shown")
+    if v.replayed_runs and all(v.rewritten_runs) and md["original"]:
+        # the memory model alone: each run's executor order replayed in the simulation
+        each = ", ".join(f"{r / m:.3f}" for r, m in zip(v.replayed_runs, v.rewritten_runs,
+                                                         strict=True))
+        print(f"  simulated in each run's own order / measured: {each} "
+              f"(original {v.replayed_original_bytes / md['original']:.3f})")
     print(f"  measured saving / simulated saving: {saving}; "
           f"host simulated / measured: {v.host_ratio:.3f}")
     if v.timeline is not None and v.timeline.missed:

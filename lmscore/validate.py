@@ -193,6 +193,13 @@ class PlanValidation:
         (non-finite values, or the loss growing by orders of magnitude over the steps, see
         :func:`divergence`): the synthetic data make training blow up, and a difference
         of 0.0 between two blown-up runs says little.
+    replayed_runs : tuple of int
+        Device peak of the rewritten step simulated in the order each measured run started
+        its device kernels (:func:`lmscore.order.replayed`; host ops as soon as they are
+        ready), one per entry of ``rewritten_runs``: the memory model with the executor's
+        order taken out.
+    replayed_original_bytes : int
+        The same for the original step's run (0 when not replayed).
     """
 
     batch_size: int
@@ -211,6 +218,8 @@ class PlanValidation:
     max_abs_diff_grappler: float = float("nan")
     losses_grappler: dict[str, list[float]] | None = None
     divergence: str = ""
+    replayed_runs: tuple[int, ...] = ()
+    replayed_original_bytes: int = 0
 
     @property
     def diverged(self) -> bool:
@@ -225,6 +234,7 @@ class PlanValidation:
             if math.isnan(d[key]):
                 d[key] = None
         d["rewritten_runs"] = list(self.rewritten_runs)
+        d["replayed_runs"] = list(self.replayed_runs)
         d["timeline"] = self.timeline.as_dict() if self.timeline is not None else None
         return d
 
@@ -389,6 +399,11 @@ def validate_plan(
     if library != cpu_kernel_library():
         ev = evaluate(library)
     sim0, sim1 = ev.before, ev.after
+    replayed_runs = tuple(
+        simulate(rw.graph, batch_size, workspace=library, executed=m.executed).peak_bytes
+        for m in rewritten)
+    replayed_original = simulate(original, batch_size, workspace=library,
+                                 executed=m0.executed).peak_bytes
     measured = {
         "original": int(m0.peak_bytes.get(dev, 0) + m0.persistent_bytes.get(dev, 0)),
         "rewritten": int(m1.peak_bytes.get(dev, 0) + m1.persistent_bytes.get(dev, 0)),
@@ -425,4 +440,6 @@ def validate_plan(
         max_abs_diff_grappler=diff_grappler,
         losses_grappler=losses_grappler,
         divergence=divergence(m0.losses, m0.finite),
+        replayed_runs=replayed_runs,
+        replayed_original_bytes=replayed_original,
     )

@@ -81,10 +81,20 @@ def test_cli_writes_the_timeline_of_a_plan(tmp_path):
     doc = json.loads(out.read_text())
     assert set(doc) >= {"measured", "simulated", "peak_us", "held", "missed", "swaps"}
     assert doc["swaps"] and all(s["measured_us"] is not None for s in doc["swaps"])
-    assert json.loads(r.stdout)["timeline"]["peak_us"] == doc["peak_us"]
+    report = json.loads(r.stdout)
+    assert report["timeline"]["peak_us"] == doc["peak_us"]
+    # each run replayed in its own executor order (how close: tests/test_zoo_fits.py, on
+    # pinned plans; this knob plan leaves the emulation's two threads free to run two
+    # device kernels at once, which no sequential order replays)
+    assert len(report["replayed_runs"]) == len(report["rewritten_runs"]) == 3
+    assert all(b > 0 for b in report["replayed_runs"]) and report["replayed_original_bytes"] > 0
     r = subprocess.run([*run, "validate", "mlp", "--plan", str(plan), "--timeline", str(html)],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "wrote" in r.stdout
+    each = re.search(r"simulated in each run's own order / measured: ([\d., ]+) \(original "
+                     r"([\d.]+)\)", r.stdout)
+    assert each, r.stdout
+    assert len(each[1].split(", ")) == 3, r.stdout
     # only page options this plotly knows: it warns on the terminal about any other
     assert "Unrecognized config options" not in r.stderr, r.stderr
     page = html.read_text()

@@ -25,7 +25,7 @@ from lmscore.export import to_graphdef
 from lmscore.memory import cpu_kernel_library, simulate
 from lmscore.rewrite import rewrite
 from lmscore.tune import tune
-from lmscore.validate import validate_plan
+from lmscore.validate import PlanValidation, validate_plan
 
 pytestmark = pytest.mark.tf
 
@@ -84,9 +84,20 @@ def _fits_where_it_runs(name: str, batch: int, fraction: float) -> bool:
         f"{[(h.node, h.bytes) for h in v.timeline.missed[:4]]})")
     if not math.isnan(v.saving_ratio):
         assert v.saving_ratio >= 0.9, f"{name}: saving ratio {v.saving_ratio:.3f}"
+    _replays_within_5_percent(name, v)
     assert v.max_abs_diff == 0.0
     assert np.isfinite(v.losses["rewritten"]).all()
     return True
+
+
+def _replays_within_5_percent(name: str, v: PlanValidation) -> None:
+    """The memory model of the rewritten step, with each run's executor order replayed."""
+    assert len(v.replayed_runs) == len(v.rewritten_runs)
+    for measured, replayed in zip(v.rewritten_runs, v.replayed_runs, strict=True):
+        assert abs(replayed / measured - 1) <= 0.05, (name, v.rewritten_runs, v.replayed_runs)
+    original = v.measured_device_peak_bytes["original"]
+    assert abs(v.replayed_original_bytes / original - 1) <= 0.05, (
+        name, original, v.replayed_original_bytes)
 
 
 @pytest.mark.parametrize("name, batch, fraction", CASES)
@@ -114,6 +125,7 @@ def test_plan_with_recomputes_fits_where_it_runs(name, batch, fraction, strategy
     v = validate_plan(g, result.plan, batch, runs=3, grappler=False)
     measured = v.measured_device_peak_bytes["rewritten"]
     assert measured <= device and v.saving_ratio >= 0.9
+    _replays_within_5_percent(name, v)
     assert v.max_abs_diff == 0.0
 
 
