@@ -254,16 +254,12 @@ def test_swap_out_release_skips_ops_the_step_prunes():
     assert new.op("dead").control_inputs == () and new.op("shape").control_inputs == ()
 
 
-@pytest.mark.parametrize("pin", [False, True])
-def test_swap_out_release_ignores_readers_the_step_prunes(pin):
-    """A pruned reader of the swapped tensor never runs, so the buffer is free without it.
-
-    Waiting for it put the release after the backward pass: a GAN's tuned plan (the
-    discriminator's tape reads the generator's activations for gradients nobody applies)
-    then held the swapped tensors until their late swap-outs ran, 1.25x its budget.
+def _pruned_reader_step(*more: Op) -> Graph:
+    """a (1000 floats) read by b, by f four levels later and by ``dead``, which nothing
+    reads: the step prunes it. ``more`` ends the step (an update makes it a training step).
     """
     big, small = t("float", 1, 1000), t("float", 1, 8)
-    g = Graph((
+    return Graph((
         Op("x", "Placeholder", outputs=small),
         Op("w", "Placeholder", outputs=t("resource")),
         Op("a", "Conv2D", inputs=("x:0",), outputs=big),
@@ -272,8 +268,19 @@ def test_swap_out_release_ignores_readers_the_step_prunes(pin):
         Op("d", "Conv2D", inputs=("c:0",), outputs=small),
         Op("f", "Conv2D", inputs=("d:0", "a:0"), outputs=small),
         Op("dead", "Greater", inputs=("a:0", "f:0"), outputs=t("bool", 1, 1000)),  # unread
-        Op("upd", "AssignSubVariableOp", inputs=("w:0", "f:0")),
+        *more,
     ), "pruned reader")
+
+
+@pytest.mark.parametrize("pin", [False, True])
+def test_swap_out_release_ignores_readers_the_step_prunes(pin):
+    """A pruned reader of the swapped tensor never runs, so the buffer is free without it.
+
+    Waiting for it put the release after the backward pass: a GAN's tuned plan (the
+    discriminator's tape reads the generator's activations for gradients nobody applies)
+    then held the swapped tensors until their late swap-outs ran, 1.25x its budget.
+    """
+    g = _pruned_reader_step(Op("upd", "AssignSubVariableOp", inputs=("w:0", "f:0")))
     o = lmscore.order(g)
     assert [g.ops[i].name for i in range(len(g.ops)) if not o.needed[i]] == ["dead"]
     plan = Plan(fingerprint(g), swaps=(Swap("a:0", (SwapIn(("f",), "d"),)),),
@@ -286,20 +293,11 @@ def test_swap_out_release_ignores_readers_the_step_prunes(pin):
 
 def test_readers_the_step_prunes_are_never_swap_candidates():
     """A swap-in for a reader that never runs would move bytes for nothing."""
-    big, small = t("float", 1, 1000), t("float", 1, 8)
-    g = Graph((
-        Op("x", "Placeholder", outputs=small),
-        Op("w", "Placeholder", outputs=t("resource")),
-        Op("a", "Conv2D", inputs=("x:0",), outputs=big),
-        Op("b", "Conv2D", inputs=("a:0",), outputs=small),
-        Op("c", "Conv2D", inputs=("b:0",), outputs=small),
-        Op("d", "Conv2D", inputs=("c:0",), outputs=small),
-        Op("f", "Conv2D", inputs=("d:0", "a:0"), outputs=small),
-        Op("dead", "Greater", inputs=("a:0", "f:0"), outputs=t("bool", 1, 1000)),  # unread
-        Op("g", "Conv2D", inputs=("f:0",), outputs=small),
+    g = _pruned_reader_step(
+        Op("g", "Conv2D", inputs=("f:0",), outputs=t("float", 1, 8)),
         Op("dead2", "Greater", inputs=("g:0", "a:0"), outputs=t("bool", 1, 1000)),
         Op("upd", "AssignSubVariableOp", inputs=("w:0", "g:0")),
-    ), "pruned readers")
+    )
     o = lmscore.order(g)
     assert [g.ops[i].name for i in range(len(g.ops)) if not o.needed[i]] == ["dead", "dead2"]
     sizes = resolve(g, 1)
