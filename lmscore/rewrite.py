@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from .errors import GraphError, PlanError
 from .ir import Graph, Op, lint, split_tensor
 from .order import SHAPE_ONLY_OPS, order
-from .plan import Plan, Swap, check_plan, control_safe
+from .plan import Plan, Swap, check_plan, control_safe, running_readers
 from .schedule import chained_ops, scheduled
 
 SWAP_OUT, SWAP_IN = "swap_out", "swap_in"
@@ -285,16 +285,15 @@ def _released(graph: Graph, releases: list[tuple[str, str]], exact: bool) -> Gra
     pos = ordering.position
     needed = ordering.needed
     schedule = ordering.schedule
-    adj = graph.adjacency
     ops = list(graph.ops)
     for out_name, tensor in releases:
         producer, port = split_tensor(tensor)
         out = graph.index[out_name]
-        near = adj.consumers.get((graph.index[producer], port), ())
+        p = graph.index[producer]
         # Readers the step prunes never run, so they hold nothing (a tape's gradient
         # nobody applies): waiting for them put the release after the backward pass.
-        last = max((pos[c] for c in near if c != out and needed[c]),
-                   default=pos[graph.index[producer]])
+        last = max((pos[c] for c in running_readers(ordering, p, port) if c != out),
+                   default=pos[p])
         release = None
         for i in schedule[max(last, pos[out]) + 1:]:
             if exact:
