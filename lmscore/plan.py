@@ -612,16 +612,21 @@ def candidates(
     ordering = order(graph)
     lv = ordering.levels
     needed = ordering.needed
+    consumers = graph.adjacency.consumers
     out = []
     for i, op in enumerate(graph.ops):
         if not needed[i]:
             continue
         for port in range(len(op.outputs)):
-            readers = running_readers(ordering, i, port)
-            # the distance first: it rules out most tensors, and costs less than a predicate
+            # the distance first, over every reader (those the step prunes only add): it
+            # rules out most tensors, and costs less than the readers that run or a predicate
+            readers = consumers.get((i, port))
             if not readers or max([lv[c] for c in readers]) - lv[i] <= threshold:
                 continue
             if not all(p(graph, ordering, sizes, i, port) for p in predicates):
+                continue
+            readers = running_readers(ordering, i, port)
+            if not readers or max([lv[c] for c in readers]) - lv[i] <= threshold:
                 continue
             far = sorted(
                 {c for c in readers
