@@ -529,7 +529,7 @@ def test_a_duplicated_tab_takes_its_own_id_and_a_copy_of_the_plans(
     own = json.loads(session_storage(browser)["st-tab"])
     wait(browser, lambda: (app_server.data / "plans" / own).is_dir(),
          msg="the server copies the original's plans for the duplicate")
-    apply_knobs(browser, 3, 9)  # an edit in the duplicate...
+    apply_knobs(browser, 3, 7)  # an edit in the duplicate...
     wait(browser, lambda: any(p.read_bytes() not in saved.values()
                               for p in (app_server.data / "plans" / own).glob("*.json")),
          msg="the duplicate saves its own plan")
@@ -556,8 +556,9 @@ def apply_knobs(browser: Any, threshold: int, swaps: int) -> str:
 
 def test_the_server_killed_mid_edit_comes_back_with_the_edits(browser: Any, app_server: Server
                                                               ) -> None:
-    # lstm at batch 8: threshold 3 swaps 9 tensors
-    swapped = apply_knobs(browser, 3, 9)
+    # lstm at batch 8: threshold 3 swaps 7 tensors (not Keras' first cell step outside the
+    # loop, which only tells shapes: the step prunes it)
+    swapped = apply_knobs(browser, 3, 7)
     after = text(browser, "sum-after")
     app_server.kill()  # SIGKILL right after the edit
     app_server.start()
