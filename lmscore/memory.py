@@ -607,7 +607,7 @@ def _buffers(
     owner: list[list[int]] = [[]] * len(ops)  # (each op's own list once it has run)
     root: list[tuple[int, int]] = []
     kind: list[str] = []  # "transient", "persistent", "feed", "pruned"
-    readers: list[list[int]] = []
+    readers: list[list[int]] = []  # needed readers of the tensors of each transient buffer
     members: list[list[tuple[int, int]]] = []  # tensors that are views of each buffer
     persistent = sum(b for b in sizes.variable_bytes.values() if b > 0)
     feeds = 0
@@ -629,8 +629,10 @@ def _buffers(
         if cs is None:
             return
         first, then = latest[b], second[b]
+        mine = readers[b]
         for c in cs:
             if needed[c]:
+                mine.append(c)
                 at = pos[c]
                 if at > first:
                     first, then = at, first
@@ -718,10 +720,7 @@ def _buffers(
                 op_type in _VIEW_TYPES, op_type in _FORWARD_TYPES,
             )
         what, may_view, may_forward = role
-        if needed[i]:
-            for p, port in data_in[i]:
-                readers[owner[p][port]].append(i)
-        elif what == _OTHER or what == _CONST:
+        if not needed[i] and (what == _OTHER or what == _CONST):
             owner[i] = [pruned] * len(op.outputs)
             continue
         if what == _FEED:  # (no feed, variable or constant is a view)
@@ -766,9 +765,9 @@ def _buffers(
         if kind[b] != "transient":
             continue
         rs = readers[b]
-        # Appended in schedule order, and an op's reads of one buffer one after the other.
+        # Appended view by view: each reader once, in schedule order.
         if len(rs) > 1:
-            rs = list(dict.fromkeys(rs))
+            rs = sorted(set(rs), key=pos.__getitem__)
             end = max(map(level.__getitem__, rs))
         else:
             end = level[rs[0]] if rs else level[p]
