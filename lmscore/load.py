@@ -447,11 +447,12 @@ def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None,
         attr = node.attr
     if op_type is None:
         op_type = node.op
-    present = set(attr)  # one pass over the map instead of a lookup per candidate key
-    if op_type == "Const" and consts is not None and present <= _PLAIN_CONST:
-        # most constants: nothing but their value, decoded once for all its copies (one
-        # dict for them all; nothing changes an op's attributes)
-        if "value" not in present:
+    if op_type == "Const" and consts is not None and len(attr) == (
+            ("value" in attr) + ("dtype" in attr) + ("_output_shapes" in attr)):
+        # most constants: nothing but their value, dtype and shapes (told by counting
+        # those keys, without making a string per key), decoded once for all its copies
+        # (one dict for them all; nothing changes an op's attributes)
+        if "value" not in attr:
             return {}
         value = attr["value"]
         key = value.SerializeToString()
@@ -459,6 +460,7 @@ def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None,
         if decoded is None:
             decoded = consts[key] = _const_attrs(value.tensor)
         return decoded
+    present = set(attr)  # one pass over the map instead of a lookup per candidate key
     out: dict[str, Any] = {}
     for key in ("_lms_role", "_lms_tensor", "_lms_clone_of"):  # an exported rewrite's ops
         if key in present:
@@ -505,8 +507,6 @@ def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None,
 
 #: The attributes :func:`_small_attrs` reads of any op type.
 _OTHER_ATTRS = frozenset({"element_dtype", *_FUNC_ATTRS, *_SCALAR_ATTRS})
-#: The attributes of a constant that is nothing but its value.
-_PLAIN_CONST = frozenset({"dtype", "value", "_output_shapes"})
 
 
 def _const_attrs(t: Any) -> dict[str, Any]:
