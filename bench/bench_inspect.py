@@ -22,9 +22,9 @@ Per repeat, on one file:
   (as inside ``inspect``)
 
 Whole processes run with ``lmscore`` compiled to bytecode once (in ``bench/out/pycache``),
-as an installed package has it. ``ratio`` is (load + inspect) / parse. Generated files go to ``bench/out/`` (not committed):
-``densenet121.pb`` is made by ``sample_graphs/generate.py --densenet-27k`` when missing and
-``chain_N.pb`` by this script.
+as an installed package has it. ``ratio`` is (load + inspect) / parse. Generated files go
+to ``bench/out/`` (not committed): ``densenet121.pb`` is made by
+``sample_graphs/generate.py --densenet-27k`` when missing and ``chain_N.pb`` by this script.
 """
 
 from __future__ import annotations
