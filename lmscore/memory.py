@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from .errors import ConfigError, GraphError
-from .ir import FEED_OPS, VARIABLE_OPS, Graph, Op, dtype_bytes, gc_paused
+from .ir import FEED_OPS, VARIABLE_OPS, Graph, Op, dtype_bytes, gc_paused, op_signatures
 from .order import Ordering, order, replayed
-from .shapes import LoopBody, Sizes, loop_body, resolve
+from .shapes import LoopBody, Sizes, _through, loop_body, resolve
 
 #: Ops whose output ``k`` is a view of input ``k`` (0 for single-output ops).
 ALIAS_OPS = frozenset({
@@ -1062,6 +1062,7 @@ def _loop_effects(
         p = pos[i]
         lvl = levels[i]
         consumed: dict[str, int] = {}
+        popped: dict[int, str] = {}  # loop variable -> the list buffer it pops
         filled = 0
         for k, kind in enumerate(body.kinds):
             if kind == "consumed" and k < len(ins):
@@ -1069,6 +1070,7 @@ def _loop_effects(
                 b = owner.get(f"{src.name}:{ins[k][1]}")
                 if b is not None and b.last == p:
                     consumed[b.tensor] = b.bytes
+                    popped[k] = b.tensor
             elif kind == "filled" and k < len(op.outputs):
                 b = owner.get(f"{op.name}:{k}")
                 if b is not None and b.producer == i and b.first == p:
@@ -1079,6 +1081,18 @@ def _loop_effects(
         limit = min(int(op.attrs.get("parallel_iterations", 10) or 1), trips) if trips else 1
         window = _ahead_iterations(graph, ordering, sizes, cost, limit, max(arrivals, default=0))
         ahead = cost.ahead_bytes * (window - 1)
+        # the lists whose elements the early part frees as it pops them, `window` ahead:
+        # not those another popped list still holds (a view of it, or the duplicate of a
+        # forward loop's state) until the late part reads it
+        kept = {popped[k] for k in popped if k not in cost.released}
+        for k, kind in enumerate(body.kinds):
+            if kind == "consumed" and k not in cost.released and k < len(ins):
+                kept |= _partners(graph, ins[k], sizes, owner)
+        lists = {popped[k] for k in cost.released if k in popped} - kept
+        released = sum(consumed[t] for t in lists) if trips else 0
+        if released and cost.ahead_from < p:
+            for q in range(cost.ahead_from + 1, p):
+                credit[q] = credit.get(q, 0) + released * window // trips
         if cost.ahead_bytes > 0 and cost.ahead_from < p:
             first = cost.ahead_from + 1
             start = levels[ordering.schedule[first]]
@@ -1092,11 +1106,11 @@ def _loop_effects(
                         ordering.schedule[p - 1]], i, (), first=first, last=p - 1,
                 ))
         drained = sum(consumed.values())
-        c = _drain_credit(drained, filled, cost.ahead_bytes, window, trips or 1)
+        c = _drain_credit(drained, filled, cost.ahead_bytes, window, trips or 1, released)
         if c > 0:
             credit[p] = credit.get(p, 0) + c
         if window < limit:  # the whole window ahead, draining as the loop runs
-            full = _drain_credit(drained, filled, cost.ahead_bytes, limit, trips)
+            full = _drain_credit(drained, filled, cost.ahead_bytes, limit, trips, released)
             more = (limit - window) * cost.ahead_bytes - (full - c)
             if more > 0:
                 race[p] = race.get(p, 0) + more
@@ -1105,6 +1119,26 @@ def _loop_effects(
                 f"{op.name}/body", cost.peak, lvl, lvl, i, (), scratch=True, first=p, last=p
             ))
     return extra, credit, race
+
+
+def _partners(
+    graph: Graph, src: tuple[int, int], sizes: Sizes, owner: Mapping[str, Buffer]
+) -> set[str]:
+    """The list buffers holding the elements of the list output ``src`` of a loop.
+
+    For a forward loop's ``"duplicate"`` accumulator, the lists it duplicates (all of the
+    loop's lists when they are not found); none for other tensors.
+    """
+    i, port = src
+    op = graph.ops[i]
+    if op.type not in _WHILE_OPS:
+        return set()
+    ins = graph.adjacency.data_in[i]
+    body = loop_body(graph, i, tuple(sizes.shapes[p][q] for p, q in ins))
+    if body is None or port >= len(body.kinds) or body.kinds[port] != "duplicate":
+        return set()
+    ports = _duplicated(body).get(port) or range(len(op.outputs))
+    return {b.tensor for k in ports if (b := owner.get(f"{op.name}:{k}")) is not None}
 
 
 def _ahead_iterations(
@@ -1164,15 +1198,18 @@ def _trip_count(body: LoopBody, ins: tuple[tuple[int, int], ...], sizes: Sizes) 
     return value[0] if value is not None and len(value) == 1 and value[0] > 0 else 0
 
 
-def _drain_credit(consumed: int, filled: int, ahead: int, window: int, trips: int) -> int:
+def _drain_credit(
+    consumed: int, filled: int, ahead: int, window: int, trips: int, released: int = 0
+) -> int:
     """Bytes a loop never holds at once of what it consumes, fills and runs ahead.
 
     Over ``trips`` iterations the popped lists drain and the filled lists grow at an even
     pace, and ``min(window - 1, trips - 1 - t)`` iterations' run-ahead results (``ahead``
-    bytes each) wait while iteration ``t`` runs. The loop's position counts all of
-    ``consumed + filled + (window - 1) * ahead``; what it really holds at once is the
-    largest sum over the iterations, reached at the start, at the end, or where the
-    run-ahead window starts to shrink.
+    bytes each) wait while iteration ``t`` runs. ``released`` bytes of the popped lists
+    are freed by the early part as it pops them, ``window`` iterations ahead of the rest.
+    The loop's position counts all of ``consumed + filled + (window - 1) * ahead``; what
+    it really holds at once is the largest sum over the iterations, reached at the start,
+    at the end, or where the run-ahead window starts to shrink.
 
     Examples
     --------
@@ -1180,12 +1217,15 @@ def _drain_credit(consumed: int, filled: int, ahead: int, window: int, trips: in
     40
     >>> _drain_credit(0, 200, 10, 11, 20)  # 100 bytes ahead drain as 200 fill
     100
+    >>> _drain_credit(100, 0, 0, 20, 20, released=40)  # 40 popped all ahead: 60 held
+    40
     """
     total = consumed + filled + (window - 1) * ahead
     held = 0
     for t in {0, max(trips - window, 0), trips}:
         share = ahead * max(0, min(window - 1, trips - 1 - t))
-        held = max(held, share + (filled * t + consumed * (trips - t)) // trips)
+        popped = (consumed - released) * (trips - t) + released * max(trips - t - window, 0)
+        held = max(held, share + (filled * t + popped) // trips)
     return total - held
 
 
@@ -1201,6 +1241,7 @@ class _BodyCost:
     ahead_bytes: int = 0
     ahead_from: int = 0
     early_ops: int = 0
+    released: tuple[int, ...] = ()
 
 
 def _body_cost(
@@ -1216,6 +1257,7 @@ def _body_cost(
     """
     if depth >= _MAX_LOOP_DEPTH:
         return _BodyCost()
+    body = _running(body)
     g = body.graph
     # Shapes as if the loop variables were feeds (their batch dimension is the batch)...
     feeds = g.replace(
@@ -1237,31 +1279,35 @@ def _body_cost(
         return _BodyCost()
     # the body's own buffers: kernel workspaces and a nested loop's results are not read
     # across the early/late boundary
-    ahead, since, early = _run_ahead(body, list(sim.buffers), arrivals)
-    return _BodyCost(max(sim.transient_peak_bytes, 0), ahead, since, early)
+    ahead, since, early, released = _run_ahead(body, list(sim.buffers), arrivals)
+    return _BodyCost(max(sim.transient_peak_bytes, 0), ahead, since, early, released)
 
 
 def _run_ahead(
     body: LoopBody, buffers: list[Buffer], arrivals: tuple[int, ...]
-) -> tuple[int, int, int]:
+) -> tuple[int, int, int, tuple[int, ...]]:
     """Bytes per iteration the early part of a body computes for its waiting part.
 
     The loop variables produced last (largest ``arrivals``) are *late*, and so is every
     loop variable whose next value is computed from a late one. The body's ops that read
     no late variable, directly or not, are *early*: the executor runs them for the next
     ``parallel_iterations`` iterations before the late part of the first one can start.
-    Their buffers that a late op reads wait for it.
+    Their buffers that a late op reads wait for it. A list the body pops whose elements
+    only early ops read (or none: their readers are pruned) loses an element to each
+    iteration run ahead: the kernel slices a gradient loop pops for the gradient of a fed
+    input, the zeros of a list-write gradient.
 
     Returns
     -------
-    tuple of int
+    tuple
         Those bytes per iteration, the latest arrival among the loop variables the early
-        part reads (when it can start), and the number of early ops.
+        part reads (when it can start), the number of early ops, and the loop variables
+        (popped lists) whose elements the early part releases.
     """
     g = body.graph
     n = len(arrivals)
     if n == 0:
-        return 0, 0, 0
+        return 0, 0, 0, ()
     deps = [0] * len(g.ops)  # bit k: reads loop variable k
     for j in order(g).topo:
         if g.ops[j].type == "_LoopArg":
@@ -1280,14 +1326,95 @@ def _run_ahead(
                 grown = True
     early = [deps[j] & late == 0 and op.type != "_LoopArg" for j, op in enumerate(g.ops)]
     total, reads = 0, 0
+    released = []
     for b in buffers:
-        if b.host or b.scratch or b.bytes <= 0 or not early[b.producer]:
+        if b.host or b.scratch:
+            continue
+        j = b.producer
+        if j < n and g.ops[j].type == "_LoopArg" and body.kinds[j] == "consumed" and not (
+                late >> j & 1):
+            # a popped list (0 bytes here: the While's input holds it), its elements views
+            if b.readers and all(early[r] for r in b.readers):
+                released.append(j)
+                for r in b.readers:
+                    reads |= deps[r]
+            continue
+        if b.bytes <= 0 or not early[j]:
             continue
         if any(not early[r] for r in b.readers):
             total += b.bytes
-            reads |= deps[b.producer]
+            reads |= deps[j]
     since = max((t for k, t in enumerate(arrivals) if reads >> k & 1), default=0)
-    return total, since, sum(early)
+    return total, since, sum(early), tuple(released)
+
+
+@functools.lru_cache(maxsize=64)
+def _running(body: LoopBody) -> LoopBody:
+    """``body`` without the ops an iteration does not run.
+
+    TensorFlow runs the body's ops that lead to a loop variable's next value and its
+    stateful ops, and prunes the rest, as it does for a step: in a gradient loop, the
+    gradient of an input nobody differentiates (a fed sequence) and of a dropout mask.
+    Pruned, they neither allocate nor keep a popped element waiting. The loop variables
+    stay, in their places.
+    """
+    g = body.graph
+    signatures = op_signatures()
+
+    def runs(op: Op) -> bool:
+        sig = signatures.get(op.type)
+        return op.type == "_LoopArg" or sig is None or bool(sig["stateful"])
+
+    keep = [runs(op) for op in g.ops]
+    stack = [j for j, k in enumerate(keep) if k]
+    for ref in body.returns:
+        j = g.index.get(ref.rpartition(":")[0]) if ref else None
+        if j is not None and not keep[j]:
+            keep[j] = True
+            stack.append(j)
+    preds = g.adjacency.preds
+    while stack:
+        for q in preds[stack.pop()]:
+            if not keep[q]:
+                keep[q] = True
+                stack.append(q)
+    if all(keep):
+        return body
+    ops = [op for op, k in zip(g.ops, keep, strict=True) if k]
+    return dataclasses.replace(body, graph=g.replace(ops))
+
+
+def _duplicated(body: LoopBody) -> dict[int, tuple[int, ...]]:
+    """For each ``"duplicate"`` list variable of a loop, the list variables it shares with.
+
+    A forward loop pushes a state's new value into one accumulator (and its output
+    sequence) and, the next iteration, its previous value into another: they hold the
+    same buffers (but the first). A list variable whose partners are not found maps to
+    ``()``.
+    """
+    g = body.graph
+    n = len(body.kinds)
+
+    def pushed(ref: str) -> str:
+        """What the push that makes ``ref`` pushes, through pass ops ("" if none)."""
+        t = _through(g, ref) if ref else ""
+        j = g.index.get(t.rpartition(":")[0])
+        op = g.ops[j] if j is not None else None
+        if op is None or op.type not in ("TensorListPushBack", "TensorListSetItem"):
+            return ""
+        return _through(g, op.inputs[-1]) if op.inputs else ""
+
+    values = [pushed(ref) for ref in body.returns[:n]]
+    args = {f"{g.ops[k].name}:0": k for k in range(min(n, len(g.ops)))}
+    out: dict[int, tuple[int, ...]] = {}
+    for k, kind in enumerate(body.kinds):
+        if kind != "duplicate":
+            continue
+        m = args.get(values[k]) if k < len(values) else None
+        ref = body.returns[m] if m is not None and m < len(body.returns) else ""
+        new = _through(g, ref) if ref else ""
+        out[k] = tuple(j for j, v in enumerate(values) if j != k and v and v == new)
+    return out
 
 
 def _as_feed(op: Op) -> Op:

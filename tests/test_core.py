@@ -10,7 +10,7 @@ from lmscore.errors import ConfigError, GraphError
 from lmscore.ir import Graph, Op, TensorSpec, lint
 from lmscore.memory import hotspots, live_at, simulate
 from lmscore.order import order, replayed
-from lmscore.shapes import resolve
+from lmscore.shapes import LoopBody, resolve
 
 
 def by_name(graph: Graph, values) -> dict[str, object]:
@@ -319,3 +319,81 @@ def test_replaying_a_sessions_order_moves_the_peak_exactly():
     assert replayed(order(g), ["mb", "sb"]).schedule == (0, 1, 3, 4, 2, 5, 6)
     # Levels and categories are the graph's, whatever the order.
     assert replay.device_curve[0] == fifo.device_curve[0]
+
+
+def _popping_body(*, read_kernels: bool) -> LoopBody:
+    """A gradient loop's body: pops a kernel slice and a state per iteration.
+
+    The incoming gradient (loop variable 1) arrives last. The state is read with it; the
+    kernel slice only by the gradient of the loop's input (``dx``), which the loop returns
+    only if ``read_kernels`` (else nothing reads it and TensorFlow prunes it).
+    """
+    f, v, i = "float", "variant", "int32"
+    ops = [
+        Op("counter", "_LoopArg", outputs=(TensorSpec(i, ()),)),
+        Op("grad", "_LoopArg", outputs=(TensorSpec(f, (-1, 32)),)),
+        Op("kernels", "_LoopArg", outputs=(TensorSpec(v, ()),)),
+        Op("states", "_LoopArg", outputs=(TensorSpec(v, ()),)),
+        Op("dxs", "_LoopArg", outputs=(TensorSpec(f, (-1, 8)),)),
+        Op("shape", "Const", outputs=(TensorSpec(i, (2,)),)),
+        Op("pop_k", "TensorListPopBack", inputs=("kernels:0", "shape:0"),
+           outputs=(TensorSpec(v, ()), TensorSpec(f, (8, 32)))),
+        Op("pop_s", "TensorListPopBack", inputs=("states:0", "shape:0"),
+           outputs=(TensorSpec(v, ()), TensorSpec(f, (-1, 32)))),
+        Op("dx", "MatMul", inputs=("grad:0", "pop_k:1"), outputs=(TensorSpec(f, (-1, 8)),),
+           attrs={"transpose_b": True}),
+        Op("dh", "Mul", inputs=("grad:0", "pop_s:1"), outputs=(TensorSpec(f, (-1, 32)),)),
+    ]
+    returns = ("counter:0", "dh:0", "pop_k:0", "pop_s:0", "dx:0" if read_kernels else "dxs:0")
+    kinds = ("pass", "carried", "consumed", "consumed",
+             "carried" if read_kernels else "pass")
+    return LoopBody(Graph(tuple(ops)), kinds, (-1,) * 5, returns)
+
+
+@pytest.mark.parametrize("read_kernels", [False, True])
+def test_a_gradient_loop_frees_what_it_pops_for_a_pruned_reader(read_kernels):
+    """Popped elements no op that runs waits for are freed as the early part pops them.
+
+    TensorFlow prunes a body's ops that lead to no loop variable's next value (the
+    gradient of a fed input): the kernel slices the loop pops for it are then read by
+    nothing, and the pops, which do not wait for the incoming gradient, run ahead and
+    free them. Read by an op that runs (``dx`` returned), they wait for the gradient.
+    """
+    from lmscore import memory
+
+    body = _popping_body(read_kernels=read_kernels)
+    running = memory._running(body)
+    assert ("dx" in running.graph.index) == read_kernels
+    assert len(running.graph.ops) == len(body.graph.ops) - (not read_kernels)
+    cost = memory._body_cost(body, 4, "accelerator", 0, (0, 10, 5, 5, 0))
+    # the states are read with the gradient either way: they wait, in their list
+    assert cost.released == (() if read_kernels else (2,))
+    assert cost.ahead_from == (0 if read_kernels else 5)
+
+
+def test_a_forward_loop_s_duplicate_accumulator_names_the_lists_it_shares():
+    """A state's previous value, pushed each iteration, is the new value another list holds.
+
+    Popping one of the two lists frees nothing while the other still holds the element.
+    """
+    from lmscore import memory
+
+    f, v = "float", "variant"
+    ops = (
+        Op("h", "_LoopArg", outputs=(TensorSpec(f, (-1, 16)),)),
+        Op("acc_new", "_LoopArg", outputs=(TensorSpec(v, ()),)),
+        Op("acc_prev", "_LoopArg", outputs=(TensorSpec(v, ()),)),
+        Op("acc_other", "_LoopArg", outputs=(TensorSpec(v, ()),)),
+        Op("h_new", "Tanh", inputs=("h:0",), outputs=(TensorSpec(f, (-1, 16)),)),
+        Op("s", "Sigmoid", inputs=("h:0",), outputs=(TensorSpec(f, (-1, 16)),)),
+        Op("push_new", "TensorListPushBack", inputs=("acc_new:0", "h_new:0"),
+           outputs=(TensorSpec(v, ()),)),
+        Op("push_prev", "TensorListPushBack", inputs=("acc_prev:0", "h:0"),
+           outputs=(TensorSpec(v, ()),)),
+        Op("push_other", "TensorListPushBack", inputs=("acc_other:0", "s:0"),
+           outputs=(TensorSpec(v, ()),)),
+        Op("out", "Identity", inputs=("h_new:0",), outputs=(TensorSpec(f, (-1, 16)),)),
+    )
+    body = LoopBody(Graph(ops), ("carried", "filled", "duplicate", "filled"), (-1,) * 4,
+                    ("out:0", "push_new:0", "push_prev:0", "push_other:0"))
+    assert memory._duplicated(body) == {2: (1,)}
