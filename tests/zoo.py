@@ -333,6 +333,7 @@ def recurrent_dropout_rnn(batch=None):
                      name="recdrop")
     return _custom_step(m, _sparse_ce(), k.optimizers.RMSprop(1e-3), *_specs(batch, (20, 8), ()))
 
+
 def dilated_conv1d(batch=None):
     """Causal dilated 1-D convolutions (WaveNet-like audio), spatial dropout, RMSprop.
 
