@@ -45,14 +45,8 @@ OUTPUT_OPS = frozenset({"Identity", "IdentityN", "_Retval"})
 
 def step_results(graph: Graph) -> list[int]:
     """Indices of the ops that stand for the step's results: :data:`OUTPUT_OPS` nothing reads."""
-    return list(_step_results(graph))
-
-
-@functools.lru_cache(maxsize=8)
-def _step_results(graph: Graph) -> tuple[int, ...]:
-    """:func:`step_results`, found once per graph: the categories and the pruning ask."""
     succs = graph.adjacency.succs
-    return tuple([i for i, op in enumerate(graph.ops) if op.type in OUTPUT_OPS and not succs[i]])
+    return [i for i, op in enumerate(graph.ops) if op.type in OUTPUT_OPS and not succs[i]]
 
 
 #: Ops that read a resource without writing it.
