@@ -399,8 +399,10 @@ def validate_plan(
     if library != cpu_kernel_library():
         ev = evaluate(library)
     sim0, sim1 = ev.before, ev.after
+    sizes = resolve(rw.graph, batch_size)  # one resolution for every run's replay
     replayed_runs = tuple(
-        simulate(rw.graph, batch_size, workspace=library, executed=m.executed).peak_bytes
+        simulate(rw.graph, batch_size, sizes=sizes, workspace=library,
+                 executed=m.executed).peak_bytes
         for m in rewritten)
     replayed_original = simulate(original, batch_size, workspace=library,
                                  executed=m0.executed).peak_bytes
