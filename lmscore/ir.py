@@ -400,11 +400,11 @@ class Graph:
             raise GraphError(self._dangling(op.name, t, name, p))
         return p, port
 
-    def _control_keys(self, op: Op) -> list[int]:
-        """Indices of the ops ``op`` has control inputs from."""
+    def _control_keys(self, op: Op, names: tuple[str, ...] | None = None) -> list[int]:
+        """Indices of the ops ``op`` has control inputs from (``names``: only those)."""
         get = self.index.get
         ctl = []
-        for c_name in op.control_inputs:
+        for c_name in op.control_inputs if names is None else names:
             p = get(c_name)
             if p is None:
                 raise GraphError(f"{self.source}: node {op.name!r} has a control input from "
@@ -423,25 +423,64 @@ class Graph:
             ps = tuple(dict.fromkeys([p for p, _ in ins_t] + ctl))
         return ins_t, tuple(ctl), ps
 
+    def _edges_like(self, op: Op, before: Op, ins_before: tuple[tuple[int, int], ...],
+                    ctl_before: tuple[int, ...], n_out: list[int]
+                    ) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...], tuple[int, ...]]:
+        """:meth:`_edges` of ``op``, an edit of ``before`` at the same position.
+
+        The inputs and control inputs it shares with ``before`` keep their keys: a rewrite
+        changes one input of a consumer, or adds control inputs, and parsing every name
+        again was most of the cost of deriving a rewritten graph.
+        """
+        if op.inputs == before.inputs:
+            ins_t = ins_before
+        elif len(op.inputs) == len(before.inputs):
+            ins_t = tuple(k if t == u else self._tensor_key(op, t, n_out)
+                          for t, u, k in zip(op.inputs, before.inputs, ins_before, strict=True))
+        else:
+            ins_t = tuple(self._tensor_key(op, t, n_out) for t in op.inputs)
+        if op.control_inputs == before.control_inputs:
+            ctl = ctl_before
+        elif op.control_inputs[:len(before.control_inputs)] == before.control_inputs:
+            ctl = ctl_before + tuple(self._control_keys(
+                op, op.control_inputs[len(before.control_inputs):]))
+        else:
+            ctl = tuple(self._control_keys(op))
+        if len(ins_t) == 1 and not ctl:
+            ps: tuple[int, ...] = (ins_t[0][0],)
+        else:
+            ps = tuple(dict.fromkeys([p for p, _ in ins_t] + list(ctl)))
+        return ins_t, ctl, ps
+
     def derive(self, ops: Iterable[Op], source: str | None = None) -> Graph:
         """Like :meth:`replace`, for a graph that keeps this one's ops at their positions.
 
-        The new graph may change some ops' inputs and append ops (what a rewrite does);
-        its adjacency is then patched from this graph's instead of rebuilt, which is what
-        makes re-simulating an edited plan fast, and it remembers this graph as its parent
-        (:func:`parent_of`). Anything else falls back to :meth:`replace`. Equal to a fresh
-        build (a property test checks it).
+        The new graph may change some ops' inputs and control inputs and append ops (what
+        a rewrite does); its adjacency is then patched from this graph's instead of
+        rebuilt, which is what makes re-simulating an edited plan fast, and it remembers
+        this graph as its parent (:func:`parent_of`). Anything else falls back to
+        :meth:`replace`. Equal to a fresh build (a property test checks it).
         """
         new = self.replace(ops, source)
         n = len(self.ops)
-        if len(new.ops) < n or any(a.name != b.name
-                                   for a, b in zip(self.ops, new.ops, strict=False)):
+        if len(new.ops) < n:
             return new
+        # ops left as they were are the same objects: only the others can have a new name
+        changed = [i for i, (a, b) in enumerate(zip(self.ops, new.ops, strict=False))
+                   if a is not b]
+        if any(self.ops[i].name != new.ops[i].name
+               or len(self.ops[i].outputs) != len(new.ops[i].outputs) for i in changed):
+            return new  # the unchanged readers of a lost output would need checking
         _PARENTS[new] = self
         old = self.adjacency
-        changed = [i for i in range(n) if new.ops[i] is not self.ops[i]]
-        changed += range(n, len(new.ops))
+        # the parent's names are at the same positions: its index, plus the new names
+        index = dict(self.index)
+        for i in range(n, len(new.ops)):
+            index.setdefault(new.ops[i].name, i)
+        if len(index) == len(new.ops):  # else the index property reports the duplicate
+            new.__dict__["index"] = index
         n_out = [len(op.outputs) for op in new.ops]
+        changed += range(n, len(new.ops))
         data_in = list(old.data_in) + [()] * (len(new.ops) - n)
         control_in = list(old.control_in) + [()] * (len(new.ops) - n)
         preds = list(old.preds) + [()] * (len(new.ops) - n)
@@ -459,16 +498,22 @@ class Graph:
             return consumers[key]
 
         for i in changed:
-            for p in preds[i]:
-                touch_succs(p).discard(i)
-            for key in data_in[i]:
-                touch_consumers(key).remove(i)
-            ins_t, ctl, ps = new._edges(new.ops[i], n_out)
+            if i < n:
+                ins_t, ctl, ps = new._edges_like(new.ops[i], self.ops[i], data_in[i],
+                                                 control_in[i], n_out)
+            else:
+                ins_t, ctl, ps = new._edges(new.ops[i], n_out)
+            if ps != preds[i]:  # same predecessors: their successors stay as they are
+                for p in preds[i]:
+                    touch_succs(p).discard(i)
+                for p in ps:
+                    touch_succs(p).add(i)
+            if ins_t != data_in[i]:
+                for key in data_in[i]:
+                    touch_consumers(key).remove(i)
+                for key in ins_t:
+                    touch_consumers(key).append(i)
             data_in[i], control_in[i], preds[i] = ins_t, ctl, ps
-            for p in ps:
-                touch_succs(p).add(i)
-            for key in ins_t:
-                touch_consumers(key).append(i)
         all_succs = list(old.succs) + [()] * (len(new.ops) - n)
         for p, ss in succs.items():
             all_succs[p] = tuple(sorted(ss))

@@ -5,8 +5,11 @@ import gc
 import subprocess
 import sys
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 import lmscore
-from lmscore.ir import Graph, Op, TensorSpec, gc_paused
+from lmscore.ir import Graph, GraphError, Op, TensorSpec, gc_paused
 from lmscore.load import from_graphdef_bytes
 
 F = (TensorSpec("float", (-1, 4)),)
@@ -112,3 +115,49 @@ def test_loaded_specs_are_shared_and_equal_to_the_recorded_shapes():
     g = from_graphdef_bytes(gd.SerializeToString())
     assert all(op.outputs == (TensorSpec("float", (-1, 8)),) for op in g.ops)
     assert g.ops[0].outputs is g.ops[2].outputs
+
+
+_NAMES = ("x", "s", "a", "b", "c", "n0", "n1", "zz")
+
+
+@st.composite
+def _edits(draw: st.DrawFn) -> tuple[Op, ...]:
+    """Edits of :func:`_graph`: some ops' inputs, control inputs or outputs changed, and
+    ops appended, some of them reading or naming what does not exist."""
+    ops = list(_graph().ops)
+    for i in draw(st.lists(st.integers(0, len(ops) - 1), max_size=4)):
+        op = ops[i]
+        ins = draw(st.lists(st.sampled_from(("x:0", "s:0", "s:1", "a", "b:0", "n0:0",
+                                             "s:2", "c:0")), max_size=3))
+        ctl = draw(st.lists(st.sampled_from(_NAMES), max_size=2))
+        keep = draw(st.booleans())
+        ops[i] = Op(op.name, op.type,
+                    inputs=op.inputs + tuple(ins) if keep else tuple(ins),
+                    control_inputs=op.control_inputs + tuple(ctl),
+                    outputs=op.outputs if draw(st.booleans()) else F)
+    for k in range(draw(st.integers(0, 3))):
+        name = draw(st.sampled_from(("n0", "n1", "a", f"new{k}")))
+        ops.append(Op(name, "Identity", inputs=(draw(st.sampled_from(("x:0", "s:1", "n0:0"))),),
+                      control_inputs=tuple(draw(st.lists(st.sampled_from(_NAMES),
+                                                         max_size=2))), outputs=F))
+    return tuple(ops)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_edits())
+def test_a_derived_graph_equals_a_fresh_build_or_fails_like_one(ops):
+    g = _graph()
+    g.adjacency  # noqa: B018 - the parent's is what derive patches
+    fresh = Graph(ops, "fresh")
+    try:
+        expected, error = (fresh.index, fresh.adjacency), None
+    except GraphError as e:
+        expected, error = None, str(e)
+    try:
+        derived = g.derive(ops, "fresh")
+        got = (derived.index, derived.adjacency)
+    except GraphError as e:
+        assert str(e) == error
+        return
+    assert error is None
+    assert got == expected
