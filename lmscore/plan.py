@@ -161,8 +161,15 @@ class Plan:
         return not (self.swaps or self.recomputes or self.serialize or self.pin_schedule
                     or self.schedule)
 
-    def to_json(self) -> str:
-        """Serialize to the versioned JSON format (stable key order)."""
+    def to_json(self, indent: int | None = 2) -> str:
+        """Serialize to the versioned JSON format (stable key order).
+
+        Parameters
+        ----------
+        indent : int, optional
+            Indentation of the text; None for the compact form (one line, no spaces),
+            which is what the web app keeps in the page and sends with every edit.
+        """
         doc = {
             "version": self.version,
             "graph": self.graph,
@@ -190,7 +197,9 @@ class Plan:
             ]
         if self.schedule:
             doc["schedule"] = list(self.schedule)
-        return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+        if indent is None:
+            return json.dumps(doc, separators=(",", ":"), sort_keys=True) + "\n"
+        return json.dumps(doc, indent=indent, sort_keys=True) + "\n"
 
 
 _FINGERPRINTS: weakref.WeakKeyDictionary[Graph, str] = weakref.WeakKeyDictionary()

@@ -42,6 +42,7 @@ from .state import (
     empty_view,
     load_sample,
     plan_store,
+    plan_text,
     presets,
     timed,
 )
@@ -531,7 +532,7 @@ def accept_tune(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, 
     verdict = {k: result.get(k) for k in (
         "fits", "budget_bytes", "predicted_peak_bytes", "predicted_overhead", "swapped_tensors",
         "swap_bytes", "message")}
-    verdict["plan_sha"] = plan_digest(plan.to_json())
+    verdict["plan_sha"] = plan_digest(plan_text(plan))
     fits = "fits" if result.get("fits") else "does not fit"
     return Update(plan=_plan_changed(app, loaded, plan, "tuner", verdict),
                   message=f"auto-tune: {fits}; {result.get('message') or ''}".rstrip("; "))

@@ -21,7 +21,7 @@ from lmscore.rewrite import Rewrite, rewrite
 from lmscore.shapes import Sizes, resolve
 
 from . import figures
-from .state import AppContext, LoadedGraph
+from .state import AppContext, LoadedGraph, plan_text
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ def after_of(app: AppContext, base: Base, plan: Plan, digest: str | None = None
     """
     if plan.changes_nothing():
         return None
-    digest = digest or plan_digest(plan.to_json())
+    digest = digest or plan_digest(plan_text(plan))
     key = ("after", base.loaded.key, base.batch, base.workspace, digest)
     hit = app.results.get(key)
     if hit is not None:

@@ -349,6 +349,8 @@ def refused_or_rewritten(g: Graph, plan: Plan):
             rewrite(g, plan)
         return None
     assert plan_from_json(plan.to_json()) == plan
+    compact = plan.to_json(indent=None)
+    assert plan_from_json(compact) == plan and compact.count("\n") == 1
     rw = rewrite(g, plan)
     check_rewrite(g, plan, rw)
     assert plan_from_json(rw.plan.to_json()) == rw.plan
