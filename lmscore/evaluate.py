@@ -48,7 +48,12 @@ class PlanEvaluation:
     @functools.cached_property
     def _curves(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         # drawn only for those who show them (the web app), not for every tuner check
-        return project_to_original_levels(self.graph, self.rewrite, self.after)
+        return project_to_original_levels(self.graph, self.rewrite, self.after,
+                                          self._original_levels)
+
+    @functools.cached_property
+    def _original_levels(self) -> tuple[np.ndarray, np.ndarray]:
+        return original_levels(self.graph, self.rewrite)
 
     @property
     def device_curve(self) -> tuple[int, ...]:
@@ -78,7 +83,7 @@ class PlanEvaluation:
         rewritten levels whose ops count there; this is that peak's position in
         ``after``'s schedule (-1 for a level no op counts at).
         """
-        new_level, old_level = original_levels(self.graph, self.rewrite)
+        new_level, old_level = self._original_levels
         value = np.asarray(self.after.device_curve, dtype=np.int64)[new_level]
         order_ = np.lexsort((value, old_level))  # by level, the largest value last
         last = np.r_[np.flatnonzero(np.diff(old_level[order_])), len(order_) - 1]
@@ -311,7 +316,8 @@ def evaluate_plan(
 
 
 def project_to_original_levels(
-    graph: Graph, rw: Rewrite, sim: Simulation
+    graph: Graph, rw: Rewrite, sim: Simulation,
+    levels: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Device and host curves of a rewritten graph, drawn over the original graph's levels.
 
@@ -319,9 +325,10 @@ def project_to_original_levels(
     the original graph is placed at its original level with the memory of the level it
     runs at after the rewrite (the largest such value per original level); a swap-out
     counts at its producer's level, a swap-in and a recomputing clone at the level of the
-    first consumer they serve.
+    first consumer they serve. ``levels``: :func:`original_levels` of ``graph`` and ``rw``,
+    if the caller has them.
     """
-    new_level, old_level = original_levels(graph, rw)
+    new_level, old_level = levels if levels is not None else original_levels(graph, rw)
     dev1 = np.asarray(sim.device_curve, dtype=np.int64)
     host1 = np.asarray(sim.host_curve, dtype=np.int64)
     n = len(order(graph).by_level)
@@ -345,14 +352,22 @@ def original_levels(graph: Graph, rw: Rewrite) -> tuple[np.ndarray, np.ndarray]:
         Indexed like ``rw.graph.ops``.
     """
     lv0 = order(graph).levels
-    lv1 = order(rw.graph).levels
+    ops1 = rw.graph.ops
     index0 = graph.index
-    new_level = np.empty(len(rw.graph.ops), dtype=np.int64)
-    old_level = np.empty(len(rw.graph.ops), dtype=np.int64)
+    new_level = np.asarray(order(rw.graph).levels, dtype=np.int64)
+    old_level = np.empty(len(ops1), dtype=np.int64)
     consumers = rw.graph.adjacency.consumers
     recomputed_for = {r.tensor: r.consumers for r in rw.plan.recomputes}
-    for j, op in enumerate(rw.graph.ops):
-        new_level[j] = lv1[j]
+    # A rewrite keeps the original ops first, at their positions (Graph.derive): their
+    # levels are copied at once and only the added ops are looked at one by one.
+    start = 0
+    n0 = len(graph.ops)
+    if len(ops1) >= n0 and all(a is b or a.name == b.name
+                               for a, b in zip(graph.ops, ops1, strict=False)):
+        old_level[:n0] = lv0
+        start = n0
+    for j in range(start, len(ops1)):
+        op = ops1[j]
         i = index0.get(op.name)
         if i is not None:
             old_level[j] = lv0[i]

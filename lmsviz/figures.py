@@ -315,13 +315,18 @@ def level_hover(values: Sequence[int], tops: Sequence[Sequence[tuple[str, int]]]
     ['device, level 0: 3.0 MiB<br>kept a:0: 2.0 MiB<br>persistent + inputs: 1.0 MiB']
     """
     out = []
+    tail = f"<br>persistent + inputs: {format_size(fixed)}" if fixed else ""
+    # the same few buffers top many levels in a row: each line is written once
+    said: dict[tuple[str, int], str] = {}
     for lvl, v in enumerate(values):
-        lines = [f"{label}, level {lvl}: {format_size(v)}"]
+        text = f"{label}, level {lvl}: {format_size(v)}"
         if tops is not None and lvl < len(tops):
-            lines += [f"{short_name(w, 48)}: {format_size(b)}" for w, b in tops[lvl]]
-        if fixed:
-            lines.append(f"persistent + inputs: {format_size(fixed)}")
-        out.append("<br>".join(lines))
+            for pair in tops[lvl]:
+                line = said.get(pair)
+                if line is None:
+                    line = said[pair] = f"<br>{short_name(pair[0], 48)}: {format_size(pair[1])}"
+                text += line
+        out.append(text + tail)
     return out
 
 
