@@ -575,22 +575,12 @@ def lint(graph: Graph) -> None:
     GraphError
         With a message naming the first offending node.
     """
-    adj = graph.adjacency  # names, inputs and ports
-    indeg = [len(p) for p in adj.preds]
-    level = [0] * len(indeg)  # longest path from a source: every path climbs it
-    stack = [i for i, d in enumerate(indeg) if d == 0]
-    seen = 0
-    while stack:
-        i = stack.pop()
-        seen += 1
-        for s in adj.succs[i]:
-            indeg[s] -= 1
-            if level[s] <= level[i]:
-                level[s] = level[i] + 1
-            if indeg[s] == 0:
-                stack.append(s)
-    if seen != len(graph.ops):
-        raise GraphError(f"{graph.source}: {_describe_cycle(graph, indeg)}")
+    from .order import order  # here: order imports this module
+
+    graph.adjacency  # noqa: B018 - names, inputs and ports
+    # Levels are longest paths from a source: every path climbs them. Kahn's algorithm
+    # refuses a cycle, and the ordering it makes is what simulating the graph needs next.
+    level = order(graph).levels
     for a, partners in graph.siblings.items():
         for b in partners:
             if reaches(graph, a, b, level):
