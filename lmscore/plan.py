@@ -801,28 +801,31 @@ def find_trigger(
     lowest = max(lv[producer] + 1, target - window)
     if lowest >= lv[first]:
         return None
-    # Ancestors of the first consumer down to the lowest level searched.
-    adj = graph.adjacency
-    seen = {first}
-    stack = [first]
-    while stack:
-        for p in adj.preds[stack.pop()]:
-            if p not in seen and lv[p] >= lowest:
-                seen.add(p)
-                stack.append(p)
-    seen.discard(first)
-    seen -= _after_siblings(graph, [idx[c] for c in consumers], lv[first], lv)
-    at_level: dict[int, list[int]] = {}
-    for i in seen:
-        at_level.setdefault(lv[i], []).append(i)
+    excluded = _after_siblings(graph, [idx[c] for c in consumers], lv[first], lv)
     order_of_levels = sorted(
         range(lowest, lv[first]), key=lambda level: (abs(level - target), level < target)
     )
-    # classified level by level, nearest first: the answer is nearly always at the first
-    # level or two, and the walk back can hold thousands of ops (DenseNet's backward pass)
+    # The ancestors of the first consumer, found level by level, nearest first: the answer
+    # is nearly always at the first level or two, and the whole walk back can hold
+    # thousands of ops (DenseNet's backward pass). Every edge climbs a level, so the
+    # ancestors at a level are all found once every ancestor above it is expanded.
+    preds = graph.adjacency.preds
+    seen = {first}
+    waiting = [first]  # found, their predecessors not yet looked at
+    at_level: dict[int, list[int]] = {}
     cats = ordering.categories
     for level in order_of_levels:
-        ops = [i for i in at_level.get(level, ()) if cats[i] in (FORWARD, BACKWARD)]
+        stack = [i for i in waiting if lv[i] > level]
+        if stack:
+            waiting = [i for i in waiting if lv[i] <= level]
+        while stack:
+            for p in preds[stack.pop()]:
+                if p not in seen and lv[p] >= lowest:
+                    seen.add(p)
+                    at_level.setdefault(lv[p], []).append(p)
+                    (stack if lv[p] > level else waiting).append(p)
+        ops = [i for i in at_level.get(level, ())
+               if cats[i] in (FORWARD, BACKWARD) and i not in excluded]
         at = [i for i in ops if control_safe(graph, i)] or (None if exact else ops)
         if at:
             return graph.ops[min(at)].name
