@@ -101,6 +101,21 @@ class Ordering:
         return tuple(pos)
 
     @functools.cached_property
+    def reach(self) -> tuple[tuple[int, int, int], ...]:
+        """``(levels, op, port)`` of every output the step computes and something reads.
+
+        ``levels``: how far past its producer's level its last reader runs, over every
+        reader (those the step prunes too). Farthest first, then by op and port: the
+        tensors a distance threshold keeps are a prefix, whatever the threshold.
+        """
+        lv = self.levels
+        needed = self.needed
+        out = [(max([lv[c] for c in readers]) - lv[i], i, port)
+               for (i, port), readers in self.graph.adjacency.consumers.items() if needed[i]]
+        out.sort(key=lambda t: (-t[0], t[1], t[2]))
+        return tuple(out)
+
+    @functools.cached_property
     def needed(self) -> tuple[bool, ...]:
         """Whether each op leads to a variable write, the loss or an output.
 

@@ -17,6 +17,7 @@ feed, rank >= 2, known size, a consumer beyond the threshold, scope and type fil
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -620,39 +621,34 @@ def candidates(
     """
     ordering = order(graph)
     lv = ordering.levels
-    needed = ordering.needed
-    consumers = graph.adjacency.consumers
+    # the distance first, over every reader (those the step prunes only add): it rules out
+    # most tensors at once (Ordering.reach is sorted by it), before any predicate
+    reach = ordering.reach
+    far_enough = bisect.bisect_left(reach, -threshold, key=lambda t: -t[0])
     out = []
-    for i, op in enumerate(graph.ops):
-        if not needed[i]:
+    for _, i, port in sorted(reach[:far_enough], key=lambda t: (t[1], t[2])):
+        op = graph.ops[i]
+        if not all(p(graph, ordering, sizes, i, port) for p in predicates):
             continue
-        for port in range(len(op.outputs)):
-            # the distance first, over every reader (those the step prunes only add): it
-            # rules out most tensors, and costs less than the readers that run or a predicate
-            readers = consumers.get((i, port))
-            if not readers or max([lv[c] for c in readers]) - lv[i] <= threshold:
-                continue
-            if not all(p(graph, ordering, sizes, i, port) for p in predicates):
-                continue
-            readers = running_readers(ordering, i, port)
-            if not readers or max([lv[c] for c in readers]) - lv[i] <= threshold:
-                continue
-            far = sorted(
-                {c for c in readers
-                 if lv[c] - lv[i] > threshold
-                 and not keeps_tensor(graph, c, i, port, exact)},
-                key=lambda c: (lv[c], c),
-            )
-            if not far:
-                continue
-            near = sorted(set(readers) - set(far))
-            out.append(Candidate(
-                tensor=f"{op.name}:{port}",
-                bytes=sizes.nbytes[i][port],
-                producer_level=lv[i],
-                far=tuple(graph.ops[c].name for c in far),
-                near=tuple(graph.ops[c].name for c in near),
-            ))
+        readers = running_readers(ordering, i, port)
+        if not readers or max([lv[c] for c in readers]) - lv[i] <= threshold:
+            continue
+        far = sorted(
+            {c for c in readers
+             if lv[c] - lv[i] > threshold
+             and not keeps_tensor(graph, c, i, port, exact)},
+            key=lambda c: (lv[c], c),
+        )
+        if not far:
+            continue
+        near = sorted(set(readers) - set(far))
+        out.append(Candidate(
+            tensor=f"{op.name}:{port}",
+            bytes=sizes.nbytes[i][port],
+            producer_level=lv[i],
+            far=tuple(graph.ops[c].name for c in far),
+            near=tuple(graph.ops[c].name for c in near),
+        ))
     return tuple(out)
 
 

@@ -161,3 +161,13 @@ def test_a_derived_graph_equals_a_fresh_build_or_fails_like_one(ops):
         return
     assert error is None
     assert got == expected
+
+
+def test_reach_lists_each_read_output_farthest_first():
+    from lmscore.order import order
+
+    ordering = order(_graph())
+    assert ordering.levels == (0, 1, 2, 3, 1)
+    # s:0 and s:1 are last read by b, two levels on; x:0 one level on; a's edge to b is a
+    # control edge and reads nothing
+    assert ordering.reach == ((2, 1, 0), (2, 1, 1), (1, 0, 0))
