@@ -638,6 +638,22 @@ def op_signatures() -> dict[str, dict[str, Any]]:
     return json.loads(text)
 
 
+def gradient_input(op_type: str) -> int | None:
+    """The position of the gradient input of an optimizer's apply op, by its op definition.
+
+    The input TensorFlow names ``grad`` (``delta`` for gradient descent) wherever the op
+    takes it (``ResourceApplyMomentum`` takes it fourth, its momentum last); None for an
+    op that applies no gradient.
+
+    >>> gradient_input("ResourceApplyMomentum"), gradient_input("ResourceApplyGradientDescent")
+    (3, 2)
+    >>> gradient_input("MatMul") is None
+    True
+    """
+    sig = op_signatures().get(op_type)
+    return None if sig is None else sig.get("grad")
+
+
 def dtype_bytes(dtype: str) -> int | None:
     """Bytes per element of ``dtype``, or None when it has no fixed size (string, variant)."""
     return DTYPE_BYTES.get(dtype.removesuffix("_ref"))

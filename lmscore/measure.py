@@ -101,7 +101,7 @@ from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 from tensorflow.python.framework import op_def_registry
 
 from lmscore.errors import ConfigError, GraphError, RunError
-from lmscore.ir import split_tensor
+from lmscore.ir import gradient_input, split_tensor
 from lmscore.order import FUSED_APPLIES, OUTPUT_OPS
 from lmscore.timeline import live_curve
 
@@ -499,15 +499,9 @@ def _variable_info(
 
 
 def _apply_gradient_input(node: node_def_pb2.NodeDef) -> str | None:
-    """The gradient (``grad`` or ``delta``) input of an optimizer's apply op, if any."""
-    op_def = op_def_registry.get(node.op)
-    if op_def is None:
-        return None
-    names = [arg.name for arg in op_def.input_arg]
-    for wanted in ("grad", "delta"):
-        if wanted in names and names.index(wanted) < len(node.input):
-            return node.input[names.index(wanted)]
-    return None
+    """The gradient input of an optimizer's apply op (:func:`lmscore.ir.gradient_input`)."""
+    k = gradient_input(node.op)
+    return node.input[k] if k is not None and k < len(node.input) else None
 
 
 def _reaches(scope: _Scope, name: str, targets: set[str], through: set[str], depth: int) -> bool:

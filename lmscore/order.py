@@ -25,7 +25,15 @@ from dataclasses import dataclass, field, replace
 from itertools import chain, compress
 
 from .errors import GraphError
-from .ir import FEED_OPS, VARIABLE_OPS, Graph, gc_paused, op_signatures, parent_of
+from .ir import (
+    FEED_OPS,
+    VARIABLE_OPS,
+    Graph,
+    gc_paused,
+    gradient_input,
+    op_signatures,
+    parent_of,
+)
 
 INPUT, PERSISTENT, FORWARD, BACKWARD, UPDATE = (
     "input", "persistent", "forward", "backward", "update",
@@ -595,23 +603,13 @@ FUSED_APPLIES = ("ResourceApply", "ResourceSparseApply")
 def applied_gradient(graph: Graph, c: int) -> tuple[int, int] | None:
     """The gradient tensor a fused optimizer kernel (:data:`FUSED_APPLIES`) applies.
 
-    Of the kernel's non-resource floating-point inputs, the gradient is the one of highest
-    rank (the variable's shape, or the updated rows'); the others are hyperparameters,
-    scalars, wherever the op takes them (``ResourceApplyMomentum`` takes the gradient
-    fourth, its momentum last). An apply to a scalar variable tells none apart: None.
+    Its input named ``grad`` by the op's definition (:func:`lmscore.ir.gradient_input`).
     """
-    ops = graph.ops
-    if not ops[c].type.startswith(FUSED_APPLIES):
+    if not graph.ops[c].type.startswith(FUSED_APPLIES):
         return None
-    ranked = []
-    for p, port in graph.adjacency.data_in[c]:
-        spec = ops[p].outputs[port]
-        if spec.dtype in _FLOATS and spec.shape is not None:
-            ranked.append((len(spec.shape), (p, port)))
-    ranked.sort(reverse=True)
-    if ranked and ranked[0][0] >= 1 and (len(ranked) == 1 or ranked[1][0] < ranked[0][0]):
-        return ranked[0][1]
-    return None
+    k = gradient_input(graph.ops[c].type)
+    ins = graph.adjacency.data_in[c]
+    return ins[k] if k is not None and k < len(ins) else None
 
 
 def _closure(

@@ -5,8 +5,9 @@ without importing TensorFlow (which takes seconds). Run with TensorFlow installe
 
     python lmscore/data/make_opdefs.py
 
-Each entry maps an op type to ``{"out": [...], "stateful": bool, "ref_in": [...]}`` where
-an output argument is written as
+Each entry maps an op type to ``{"out": [...], "in": [...], "stateful": bool}`` and, for
+an optimizer's apply (``...Apply...`` with an input named ``grad`` or ``delta``),
+``"grad"``: the position of the gradient it applies. An argument is written as
 
 - ``"float"``: a fixed dtype;
 - ``"@T"`` or ``"@T=int32"``: the dtype held by type attribute ``T`` (with its default);
@@ -60,6 +61,11 @@ def main() -> None:
             "in": [_arg(a, attrs) for a in op_def.input_arg],
             "stateful": bool(op_def.is_stateful),
         }
+        names = [a.name for a in op_def.input_arg]
+        for wanted in ("grad", "delta"):  # the gradient an optimizer's apply applies
+            if "Apply" in name and wanted in names:
+                table[name]["grad"] = names.index(wanted)
+                break
     path = pathlib.Path(__file__).with_name("opdefs.json")
     path.write_text(json.dumps(table, sort_keys=True, separators=(",", ":")) + "\n")
     print(f"{len(table)} ops -> {path}")
