@@ -633,8 +633,9 @@ def _validate_plan(args: argparse.Namespace, graph: Any, batch: int) -> int:
         print(json.dumps(report, indent=2))
         return 0
     md, sd = v.measured_device_peak_bytes, v.simulated_device_peak_bytes
-    print(f"{graph.source}  (batch size {batch}, {v.swapped_tensors} swapped tensors, "
-          "emulated accelerator: CPU:0 device, CPU:1 host)")
+    recomputed = f", {v.recomputed_tensors} recomputed" if v.recomputed_tensors else ""
+    print(f"{graph.source}  (batch size {batch}, {v.swapped_tensors} swapped tensors"
+          f"{recomputed}, emulated accelerator: CPU:0 device, CPU:1 host)")
     print(_table(
         ["", "simulated", "measured"],
         [

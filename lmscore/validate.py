@@ -175,6 +175,7 @@ class PlanValidation:
         ``{"original": [...], "rewritten": [...]}``.
     finite : bool
     swapped_tensors : int
+    recomputed_tensors : int
     rewritten_runs : tuple of int
         Measured device peak of each run of the rewritten step; ``measured_device_peak_bytes
         ["rewritten"]`` is the largest.
@@ -220,6 +221,7 @@ class PlanValidation:
     divergence: str = ""
     replayed_runs: tuple[int, ...] = ()
     replayed_original_bytes: int = 0
+    recomputed_tensors: int = 0
 
     @property
     def diverged(self) -> bool:
@@ -437,6 +439,7 @@ def validate_plan(
         losses={"original": list(m0.losses), "rewritten": list(m1.losses)},
         finite=m0.finite and m1.finite,
         swapped_tensors=len(rw.plan.swaps),
+        recomputed_tensors=len(rw.plan.recomputes),
         rewritten_runs=tuple(peaks),
         timeline=compare(rw.graph, sim1, m1, dev),
         max_abs_diff_grappler=diff_grappler,

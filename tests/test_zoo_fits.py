@@ -132,6 +132,7 @@ def test_plan_with_recomputes_fits_where_it_runs(name, batch, fraction, strategy
         return
     assert result.fits and result.recomputed_tensors > 0, result.message
     v = validate_plan(g, result.plan, batch, runs=3, grappler=False)
+    assert v.recomputed_tensors == result.recomputed_tensors
     measured = v.measured_device_peak_bytes["rewritten"]
     assert measured <= device and v.saving_ratio >= 0.9
     _replays_within_5_percent(name, v)
