@@ -295,7 +295,10 @@ def _released(graph: Graph, releases: list[tuple[str, str]], exact: bool) -> Gra
         last = max((pos[c] for c in running_readers(ordering, p, port) if c != out),
                    default=pos[p])
         release = None
-        for i in schedule[max(last, pos[out]) + 1:]:
+        # walked by position: a slice of the schedule would copy the rest of the step for
+        # each swap, when the op sought is nearly always among the next few
+        for k in range(max(last, pos[out]) + 1, len(schedule)):
+            i = schedule[k]
             if exact:
                 if needed[i] and control_safe(graph, i):
                     release = i
