@@ -841,6 +841,14 @@ def _broadcast_gradient_args(s0, s1) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return r0, r1
 
 
+#: Image ops whose output is the input images resampled to a size: the input holding it.
+_IMAGE_RESAMPLES = {
+    "ImageProjectiveTransformV2": 2, "ImageProjectiveTransformV3": 2,
+    "ResizeBilinear": 1, "ResizeNearestNeighbor": 1, "ResizeBicubic": 1, "ResizeArea": 1,
+    "ScaleAndTranslate": 1,
+}
+
+
 def _shape_from_values(
     graph: Graph, i: int, port: int, vals: dict[tuple[int, int], Value], shapes: list
 ) -> tuple[int, ...] | None:
@@ -879,6 +887,13 @@ def _shape_from_values(
         return v(1 if t == "BroadcastTo" else 0)
     if t == "Fill" and v(0) is not None:
         return v(0)
+    # images [batch, height, width, channels] resampled to the size an input gives
+    # (Keras' RandomRotation, RandomZoom, Resizing compute it from the images' shape)
+    size_input = _IMAGE_RESAMPLES.get(t)
+    if size_input is not None and len(ins) > size_input:
+        src, size = in_shape(0), v(size_input)
+        if src is not None and len(src) == 4 and size is not None and len(size) == 2:
+            return (src[0], *size, src[3])
     if t in ("SpaceToBatchND", "BatchToSpaceND") and len(ins) == 3:
         return _space_batch(t, in_shape(0), v(1), v(2), op.outputs[0].shape)
     if t in ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3") and len(ins) >= 2:

@@ -181,6 +181,32 @@ def test_dilated_convolution_has_batch_times_dilation_rows():
     assert s.nbytes[3] == (12 * 26 * 8 * 4,)
 
 
+def test_image_transform_takes_its_size_from_the_images_shape():
+    """Keras' RandomRotation: the output size is ``Shape(images)[1:-1]``, known at run time."""
+    f = "float"
+    ops = (
+        Op("x", "Placeholder", outputs=t(f, -1, 48, 40, 3)),
+        Op("shape", "Shape", inputs=("x:0",), outputs=t("int32", 4)),
+        Op("b", "Const", outputs=t("int32", 1), attrs={"value": (1,)}),
+        Op("e", "Const", outputs=t("int32", 1), attrs={"value": (-1,)}),
+        Op("st", "Const", outputs=t("int32", 1), attrs={"value": (1,)}),
+        Op("hw", "StridedSlice", inputs=("shape:0", "b:0", "e:0", "st:0"),
+           outputs=t("int32", 2), attrs={"begin_mask": 0, "end_mask": 0,
+                                          "shrink_axis_mask": 0, "ellipsis_mask": 0,
+                                          "new_axis_mask": 0}),
+        Op("m", "Placeholder", outputs=t(f, -1, 8)),
+        Op("fill", "Const", outputs=t(f), attrs={"value": (0,)}),
+        Op("rot", "ImageProjectiveTransformV3", inputs=("x:0", "m:0", "hw:0", "fill:0"),
+           outputs=t(f, -1, -1, -1, 3)),
+        Op("size", "Const", outputs=t("int32", 2), attrs={"value": (24, 20)}),
+        Op("small", "ResizeBilinear", inputs=("rot:0", "size:0"), outputs=t(f, -1, -1, -1, 3)),
+    )
+    s = resolve(Graph(ops), 5)
+    assert s.shapes[8] == ((5, 48, 40, 3),)
+    assert s.shapes[10] == ((5, 24, 20, 3),)
+    assert s.unknown == ()
+
+
 def test_unknown_sizes_are_counted_not_sized_one():
     ops = (
         Op("x", "Placeholder", outputs=t("float", -1, 5, -1)),
