@@ -42,7 +42,7 @@ from itertools import accumulate
 from .errors import ConfigError, GraphError
 from .ir import FEED_OPS, VARIABLE_OPS, Graph, Op, dtype_bytes, gc_paused, op_signatures
 from .order import Ordering, order, replayed
-from .shapes import LoopBody, Sizes, _through, loop_body, resolve
+from .shapes import LoopBody, Sizes, _through, loop_body, resolve, trip_count
 
 #: Ops whose output ``k`` is a view of input ``k`` (0 for single-output ops).
 ALIAS_OPS = frozenset({
@@ -1077,7 +1077,7 @@ def _loop_effects(
                     filled += b.bytes
         arrivals = tuple(pos[s] for s, _ in ins[: len(body.kinds)])
         cost = _body_cost(body, sizes.batch_size, workspace, depth, arrivals)
-        trips = _trip_count(body, ins, sizes)
+        trips = trip_count(graph, i, body, sizes.values.get)
         limit = min(int(op.attrs.get("parallel_iterations", 10) or 1), trips) if trips else 1
         window = _ahead_iterations(graph, ordering, sizes, cost, limit, max(arrivals, default=0))
         ahead = cost.ahead_bytes * (window - 1)
@@ -1180,22 +1180,11 @@ def _ahead_iterations(
             ins = adj.data_in[q]
             body = loop_body(graph, q, tuple(sizes.shapes[p][k] for p, k in ins))
             if body is not None:
-                dispatched += len(body.graph.ops) * max(_trip_count(body, ins, sizes), 1)
+                dispatched += len(body.graph.ops) * max(
+                    trip_count(graph, q, body, sizes.values.get), 1)
         if dispatched >= window * cost.early_ops:
             return window
     return min(window, 1 + dispatched // cost.early_ops)
-
-
-def _trip_count(body: LoopBody, ins: tuple[tuple[int, int], ...], sizes: Sizes) -> int:
-    """Iterations of a ``while_v2`` loop when its ``maximum_iterations`` is known, else 0.
-
-    ``while_v2`` passes ``maximum_iterations`` as loop variable 1, unchanged by the body
-    (-1 when the loop has none); a Keras RNN sets it to the number of time steps.
-    """
-    if len(ins) < 2 or len(body.kinds) < 2 or body.kinds[1] != "pass":
-        return 0
-    value = sizes.values.get(ins[1])
-    return value[0] if value is not None and len(value) == 1 and value[0] > 0 else 0
 
 
 def _drain_credit(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -363,6 +364,7 @@ def _size_tensor_lists(
     ops = graph.ops
     adj = graph.adjacency
     capacity: dict[tuple[int, int], int] = {}
+    element: dict[tuple[int, int], int] = {}  # bytes of one element, when known
     for i in topo:
         op = ops[i]
         ins = adj.data_in[i]
@@ -381,10 +383,12 @@ def _size_tensor_lists(
         if op.type in _LIST_MAKERS and len(ins) == 2:
             shape, count = vals.get(ins[0]), vals.get(ins[1])
             size = dtype_bytes(op.attrs.get("element_dtype", ""))
-            if shape is not None and count and count[1] and size and count[1][0] >= 0:
+            if shape is not None and size:
                 dims = [batch if k == 0 and d == -1 else d for k, d in enumerate(shape[1])]
                 if all(d >= 0 for d in dims):
-                    capacity[(i, 0)] = count[1][0] * math.prod(dims) * size
+                    element[(i, 0)] = math.prod(dims) * size
+                    if count and count[1] and count[1][0] >= 0:
+                        capacity[(i, 0)] = count[1][0] * element[(i, 0)]
             sizes[0] = 0
         elif op.type == "TensorListFromTensor" and ins:
             sizes[0] = nbytes[ins[0][0]][ins[0][1]]
@@ -392,6 +396,7 @@ def _size_tensor_lists(
             aliases = op.attrs.get("list_aliases", ())
             body = loop_body(graph, i, tuple(shapes[p][q] for p, q in ins))
             kinds = body.kinds if body is not None else ()
+            trips: int | None = None
             for k, src in enumerate(ins[: len(op.outputs)]):
                 if op.outputs[k].dtype != "variant":
                     continue
@@ -399,6 +404,13 @@ def _size_tensor_lists(
                 if src in capacity and kind not in ("refs", "duplicate"):
                     # a list made empty before the loop, filled by it
                     sizes[k] = 0 if k in aliases else capacity[src]
+                elif kind == "filled" and src in element:
+                    # made without a count (a loop with no maximum_iterations): an element
+                    # per iteration, when the loop's condition tells how many
+                    if trips is None:
+                        trips = trip_count(graph, i, body, lambda t: (
+                            vals[t][1] if t in vals else None))
+                    sizes[k] = 0 if k in aliases else trips * element[src]
                 elif kind in ("pass", "filled", "refs"):
                     # what the list holds: the input list passed on or set in place, or
                     # the list whose elements it references (memory._view_of makes these
@@ -1092,6 +1104,97 @@ def _loop_body(graphdef: bytes, key: tuple[str, tuple]) -> LoopBody | None:
         sources.append(src)
     returns = tuple(_body_ref(r, args, nodes) if r else "" for r in rets)
     return LoopBody(body, tuple(kinds), tuple(sources), returns)
+
+
+def trip_count(graph: Graph, i: int, body: LoopBody | None,
+               value_of: Callable[[tuple[int, int]], tuple[int, ...] | None]) -> int:
+    """Iterations of ``While`` op ``i`` when they are known before it runs, else 0.
+
+    ``while_v2`` passes ``maximum_iterations`` as loop variable 1, unchanged by the body
+    (-1 when the loop has none); a Keras RNN sets it to the number of time steps. A loop
+    written by hand (``tf.while_loop(lambda t, h: t < 25, ...)``) has none: its condition
+    compares a counter the body steps by a constant with a constant (or a loop variable
+    passed unchanged), and the counter's first value is known.
+
+    Parameters
+    ----------
+    graph : Graph
+    i : int
+        The ``While`` op.
+    body : LoopBody or None
+        :func:`loop_body` of the op.
+    value_of : callable
+        The integer value of a tensor ``(op, port)`` of ``graph``, if known.
+    """
+    ins = graph.adjacency.data_in[i]
+    if body is None:
+        return 0
+    if len(ins) >= 2 and len(body.kinds) >= 2 and body.kinds[1] == "pass":
+        value = value_of(ins[1])
+        if value is not None and len(value) == 1 and value[0] > 0:
+            return value[0]
+    names = graph.ops[i].attrs.get("cond", ())
+    bound = _cond_bound(graph.graphdef, names[0]) if graph.graphdef and names else None
+    if bound is None:
+        return 0
+    j, inclusive, limit = bound
+    if isinstance(limit, str):  # the limit is a loop variable the body passes on
+        m = int(limit)
+        if m >= len(ins) or m >= len(body.kinds) or body.kinds[m] != "pass":
+            return 0
+        value = value_of(ins[m])
+        if value is None or len(value) != 1:
+            return 0
+        limit = value[0]
+    if j >= len(ins) or j >= len(body.returns) or not body.returns[j]:
+        return 0
+    start = value_of(ins[j])
+    step_op = body.graph.index.get(_through(body.graph, body.returns[j]).rpartition(":")[0])
+    if start is None or len(start) != 1 or step_op is None:
+        return 0
+    op = body.graph.ops[step_op]
+    arg = f"{body.graph.ops[j].name}:0"
+    if op.type not in ("AddV2", "Add") or len(op.inputs) != 2 or arg not in op.inputs:
+        return 0
+    other = body.graph.index.get(op.inputs[1 - op.inputs.index(arg)].rpartition(":")[0])
+    step = body.graph.ops[other].attrs.get("value") if other is not None and (
+        body.graph.ops[other].type == "Const") else None
+    if not step or len(step) != 1 or not isinstance(step[0], int) or step[0] <= 0:
+        return 0
+    span = limit - start[0] + (step[0] if inclusive else step[0] - 1)
+    return max(0, span // step[0])
+
+
+@functools.lru_cache(maxsize=64)
+def _cond_bound(graphdef: bytes, name: str) -> tuple[int, bool, int | str] | None:
+    """``(j, inclusive, limit)`` of a loop condition ``var_j < limit`` (``<=``: inclusive).
+
+    ``limit`` is an integer constant, or the index of a loop variable as a string; None
+    for any other condition.
+    """
+    from .load import _small_attrs
+
+    f = _library(graphdef).get(name)
+    if f is None or len(f.signature.output_arg) != 1:
+        return None
+    args = [a.name for a in f.signature.input_arg]
+    nodes = {n.name: n for n in f.node_def}
+    ref = f.ret.get(f.signature.output_arg[0].name, "")
+    node = nodes.get(ref.split(":")[0])
+    while node is not None and node.op == "Identity" and node.input:
+        node = nodes.get(node.input[0].split(":")[0])
+    if node is None or node.op not in ("Less", "LessEqual") or len(node.input) != 2:
+        return None
+    left, right = (t.split(":")[0] for t in node.input)
+    if left not in args:
+        return None
+    if right in args:
+        return args.index(left), node.op == "LessEqual", str(args.index(right))
+    const = nodes.get(right)
+    value = _small_attrs(const).get("value") if const is not None and const.op == "Const" else None
+    if not value or len(value) != 1 or not isinstance(value[0], int):
+        return None
+    return args.index(left), node.op == "LessEqual", value[0]
 
 
 def _through(body: Graph, tensor: str) -> str:

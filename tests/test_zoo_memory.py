@@ -101,7 +101,7 @@ def test_run_ahead_of_the_gru_lstm_gradient_loops():
     """
     from lmscore import memory
     from lmscore.order import order
-    from lmscore.shapes import loop_body, resolve
+    from lmscore.shapes import loop_body, resolve, trip_count
 
     graph, batch = zoo.graph("gru_lstm"), 512
     sizes, ordering = resolve(graph, batch), order(graph)
@@ -115,7 +115,7 @@ def test_run_ahead_of_the_gru_lstm_gradient_loops():
         assert max(arrivals) == arrivals[3]
         cost = memory._body_cost(body, batch, "accelerator", 0, arrivals)
         assert batch * 48 * 4 <= cost.ahead_bytes < batch * 48 * 4 + 20_000
-        assert memory._trip_count(body, ins, sizes) == 20
+        assert trip_count(graph, i, body, sizes.values.get) == 20
         windows[op.name.split("/")[3]] = memory._ahead_iterations(
             graph, ordering, sizes, cost, 20, max(arrivals))
     assert windows["gru_1"] == 20
@@ -185,3 +185,23 @@ def test_fits_counts_the_loops_race():
     assert fits(sim, device(sim.worst_peak_bytes), 0.9)
     r = tune(graph, batch, device(sim.worst_peak_bytes))
     assert r.fits and not r.plan.swaps, r.message
+
+
+def test_a_hand_written_loop_is_counted_from_its_condition():
+    """``tf.while_loop(lambda t, h: t < 25, ...)``: no ``maximum_iterations``, so the lists
+    that keep each step's state and input slice for the gradient are made without a count;
+    the loop's condition and its counter's step give 25 iterations (no TensorFlow run)."""
+    from lmscore.order import order
+    from lmscore.shapes import loop_body, resolve, trip_count
+
+    graph, batch = zoo.graph("hand_loop_rnn"), 16
+    sizes = resolve(graph, batch)
+    (i,) = [k for k, op in enumerate(graph.ops) if op.type in ("While", "StatelessWhile")
+            and not op.name.endswith("while_grad") and order(graph).needed[k]]
+    ins = graph.adjacency.data_in[i]
+    body = loop_body(graph, i, tuple(sizes.shapes[p][q] for p, q in ins))
+    assert trip_count(graph, i, body, sizes.values.get) == 25
+    lists = {graph.ops[ins[k][0]].name.split("/")[-2]: sizes.nbytes[i][k]
+             for k in range(len(ins)) if graph.ops[i].outputs[k].dtype == "variant"}
+    assert lists["Tanh_0"] == 25 * batch * 32 * 4  # the state, each step
+    assert lists["strided_slice_0"] == 25 * batch * 16 * 4  # x[:, t], each step

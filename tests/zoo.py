@@ -701,6 +701,44 @@ def stochastic_depth_cnn(batch=None):
     return _custom_step(m, _sparse_ce(), opt, *_specs(batch, (32, 32, 8), ()))
 
 
+def hand_loop_rnn(batch=None):
+    """A recurrent cell written by hand: ``tf.while_loop`` with no ``maximum_iterations``.
+
+    The loop's length is in its condition (``t < 25``) alone; its gradient needs every
+    step's state and input slice, which ``while_v2`` accumulates in lists made without a
+    count. RMSprop.
+    """
+    import tensorflow as tf
+
+    k = _keras()
+    k.utils.set_random_seed(23)
+    w = tf.Variable(tf.random.normal((16, 32), seed=1) * 0.1, name="w")
+    u = tf.Variable(tf.random.normal((32, 32), seed=2) * 0.1, name="u")
+    v = tf.Variable(tf.random.normal((32, 3), seed=3) * 0.1, name="v")
+    variables = [w, u, v]
+    opt = k.optimizers.RMSprop(1e-3)
+    opt.build(variables)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            with tf.name_scope("fwd"):
+                h0 = tf.zeros((tf.shape(x)[0], 32))
+
+                def body(t, h):
+                    return t + 1, tf.tanh(x[:, t] @ w + h @ u)
+
+                _, h = tf.while_loop(lambda t, h: t < 25, body, (0, h0))
+                value = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+                    y, h @ v, from_logits=True))
+                value = tf.identity(value, name="zoo_loss")
+        opt.apply_gradients(zip(tape.gradient(value, variables), variables, strict=True))
+        return value
+
+    cf = tf.function(step).get_concrete_function(*_specs(batch, (25, 16), ()))
+    cf.zoo_objects = (variables, opt)  # the function holds its variables weakly
+    return cf, ("fwd/",)
+
+
 ENTRIES: tuple[Entry, ...] = (
     Entry("mlp_dropout", mlp_dropout, 8, False),
     Entry("bn_cnn", bn_cnn, 8, True),
@@ -715,6 +753,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("stacked_lstm", stacked_lstm, 4, True),
     Entry("bigru_rnn", bigru_rnn, 8, False),
     Entry("recurrent_dropout_rnn", recurrent_dropout_rnn, 16, False),
+    Entry("hand_loop_rnn", hand_loop_rnn, 16, False),
     Entry("dilated_conv1d", dilated_conv1d, 8, False),
     Entry("l2_clip_cnn", l2_clip_cnn, 16, True),
     Entry("embedding_v1_adagrad", embedding_v1_adagrad, 64, False),
