@@ -117,7 +117,9 @@ def stages_line(takes: list[dict[str, float]]) -> str:
     return "; ".join(parts) or "n/a"
 
 
-def start(graph: str, batch: int | None, data: pathlib.Path) -> tuple[subprocess.Popen, str]:
+def start(graph: str, batch: int | None, data: pathlib.Path,
+          checkout: pathlib.Path = REPO) -> tuple[subprocess.Popen, str]:
+    """``python -m lmsviz GRAPH`` of ``checkout`` on a free port, its log in ``data``."""
     port = free_port()
     cmd = [sys.executable, "-m", "lmsviz", graph, "--port", str(port), "--data-dir", str(data)]
     if graph == "floor":
@@ -125,8 +127,11 @@ def start(graph: str, batch: int | None, data: pathlib.Path) -> tuple[subprocess
     if batch:
         cmd += ["--batch-size", str(batch)]
     with (data / "server.log").open("w") as log:  # the stage timings (ServerLog)
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log,
-                                env={**os.environ, "LMS_TIMING": "1"})
+        env = {**os.environ, "LMS_TIMING": "1"}
+        if checkout != REPO:  # another version of the app (bench_ui_pair.py)
+            env["PYTHONPATH"] = str(checkout)
+        proc = subprocess.Popen(cmd, cwd=checkout, stdout=subprocess.DEVNULL, stderr=log,
+                                env=env)
     url = f"http://127.0.0.1:{port}/"
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < 180:
@@ -135,7 +140,8 @@ def start(graph: str, batch: int | None, data: pathlib.Path) -> tuple[subprocess
                 return proc, url
         except OSError:
             if proc.poll() is not None:
-                raise SystemExit(f"the app for {graph} exited with {proc.returncode}") from None
+                raise SystemExit(f"the app for {graph} from {checkout} exited with "
+                                 f"{proc.returncode} (see {data / 'server.log'})") from None
             time.sleep(0.3)
     proc.kill()
     raise SystemExit(f"the app for {graph} did not start")

@@ -19,39 +19,13 @@ REV`` makes one of an earlier revision).
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 import bench_ui as ui  # (bench/ is the script's own directory, first on sys.path)
-
-
-def _serve(checkout: pathlib.Path, graph: str, log: pathlib.Path) -> tuple[subprocess.Popen, str]:
-    port = ui.free_port()
-    data = tempfile.mkdtemp(prefix="lms-pair-data-")
-    with log.open("w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "lmsviz", graph, "--port", str(port), "--data-dir", data],
-            cwd=checkout, stdout=subprocess.DEVNULL, stderr=err,
-            env={**os.environ, "PYTHONPATH": str(checkout), "LMS_TIMING": "1"})
-    url = f"http://127.0.0.1:{port}/"
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < 300:
-        try:
-            with urllib.request.urlopen(url, timeout=5):
-                return proc, url
-        except OSError:
-            if proc.poll() is not None:
-                raise SystemExit(f"the app from {checkout} exited with {proc.returncode}"
-                                 f" (see {log})") from None
-            time.sleep(0.3)
-    proc.kill()
-    raise SystemExit(f"the app from {checkout} did not start")
 
 
 def main() -> int:
@@ -68,10 +42,10 @@ def main() -> int:
     graph = str(ui.DENSENET) if args.graph == "densenet" else args.graph
     if args.graph == "densenet" and not ui.DENSENET.exists():
         raise SystemExit(f"{ui.DENSENET} is missing: run bench/bench_ui.py once to make it")
-    out = pathlib.Path(tempfile.mkdtemp(prefix="lms-pair-"))
-    servers = [_serve(c.resolve(), graph, out / f"server_{k}.log")
-               for k, c in enumerate((args.a, args.b))]
-    logs = [ui.ServerLog(out / f"server_{k}.log") for k in range(2)]
+    data = [pathlib.Path(tempfile.mkdtemp(prefix="lms-pair-data-")) for _ in range(2)]
+    servers = [ui.start(graph, None, d, c.resolve())
+               for d, c in zip(data, (args.a, args.b), strict=True)]
+    logs = [ui.ServerLog(d / "server.log") for d in data]
     driver = ui.browser()
     visible: list[list[float]] = [[], []]
     server: list[list[float]] = [[], []]
