@@ -591,6 +591,33 @@ def lint(graph: Graph) -> None:
                 )
 
 
+def waited_for(graph: Graph, seeds: Iterable[int]) -> list[bool]:
+    """Whether each op is one of ``seeds`` or one they wait for (data or control edges).
+
+    What TensorFlow runs of a function or of a loop body when ``seeds`` are its results
+    and stateful ops: it prunes the rest.
+
+    >>> f = (TensorSpec("float", ()),)
+    >>> g = Graph((Op("a", "Const", outputs=f), Op("b", "Neg", inputs=("a:0",), outputs=f),
+    ...            Op("c", "Const", outputs=f)))
+    >>> waited_for(g, [1])
+    [True, True, False]
+    """
+    seen = [False] * len(graph.ops)
+    stack = []
+    for i in seeds:
+        if not seen[i]:
+            seen[i] = True
+            stack.append(i)
+    preds = graph.adjacency.preds
+    while stack:
+        for p in preds[stack.pop()]:
+            if not seen[p]:
+                seen[p] = True
+                stack.append(p)
+    return seen
+
+
 def reaches(graph: Graph, src: int, dst: int, lv: Sequence[int]) -> bool:
     """Whether op ``src`` reaches op ``dst`` (indices), searching only below dst's level.
 

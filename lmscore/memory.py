@@ -40,9 +40,18 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from .errors import ConfigError, GraphError
-from .ir import FEED_OPS, VARIABLE_OPS, Graph, Op, dtype_bytes, gc_paused, op_signatures
+from .ir import (
+    FEED_OPS,
+    VARIABLE_OPS,
+    Graph,
+    Op,
+    dtype_bytes,
+    gc_paused,
+    op_signatures,
+    waited_for,
+)
 from .order import Ordering, order, replayed
-from .shapes import LoopBody, Sizes, _through, loop_body, resolve, trip_count
+from .shapes import LoopBody, Sizes, loop_body, resolve, trip_count, value_through
 
 #: Ops whose output ``k`` is a view of input ``k`` (0 for single-output ops).
 ALIAS_OPS = frozenset({
@@ -1354,19 +1363,10 @@ def _running(body: LoopBody) -> LoopBody:
         sig = signatures.get(op.type)
         return op.type == "_LoopArg" or sig is None or bool(sig["stateful"])
 
-    keep = [runs(op) for op in g.ops]
-    stack = [j for j, k in enumerate(keep) if k]
-    for ref in body.returns:
-        j = g.index.get(ref.rpartition(":")[0]) if ref else None
-        if j is not None and not keep[j]:
-            keep[j] = True
-            stack.append(j)
-    preds = g.adjacency.preds
-    while stack:
-        for q in preds[stack.pop()]:
-            if not keep[q]:
-                keep[q] = True
-                stack.append(q)
+    seeds = [j for j, op in enumerate(g.ops) if runs(op)]
+    seeds += [j for ref in body.returns if ref
+              and (j := g.index.get(ref.rpartition(":")[0])) is not None]
+    keep = waited_for(g, seeds)
     if all(keep):
         return body
     ops = [op for op, k in zip(g.ops, keep, strict=True) if k]
@@ -1386,12 +1386,12 @@ def _duplicated(body: LoopBody) -> dict[int, tuple[int, ...]]:
 
     def pushed(ref: str) -> str:
         """What the push that makes ``ref`` pushes, through pass ops ("" if none)."""
-        t = _through(g, ref) if ref else ""
+        t = value_through(g, ref) if ref else ""
         j = g.index.get(t.rpartition(":")[0])
         op = g.ops[j] if j is not None else None
         if op is None or op.type not in ("TensorListPushBack", "TensorListSetItem"):
             return ""
-        return _through(g, op.inputs[-1]) if op.inputs else ""
+        return value_through(g, op.inputs[-1]) if op.inputs else ""
 
     values = [pushed(ref) for ref in body.returns[:n]]
     args = {f"{g.ops[k].name}:0": k for k in range(min(n, len(g.ops)))}
@@ -1401,7 +1401,7 @@ def _duplicated(body: LoopBody) -> dict[int, tuple[int, ...]]:
             continue
         m = args.get(values[k]) if k < len(values) else None
         ref = body.returns[m] if m is not None and m < len(body.returns) else ""
-        new = _through(g, ref) if ref else ""
+        new = value_through(g, ref) if ref else ""
         out[k] = tuple(j for j, v in enumerate(values) if j != k and v and v == new)
     return out
 

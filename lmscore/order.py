@@ -33,6 +33,7 @@ from .ir import (
     gradient_input,
     op_signatures,
     parent_of,
+    waited_for,
 )
 
 INPUT, PERSISTENT, FORWARD, BACKWARD, UPDATE = (
@@ -133,24 +134,10 @@ class Ordering:
         outputs are the ``Identity`` ops nothing reads (:data:`OUTPUT_OPS`), as
         ``tf.function`` names its results.
         """
-        adj = self.graph.adjacency
-        n = len(self.graph.ops)
-        index = self.graph.index
-        stack = list(map(index.__getitem__, self._seeds))
-        if stack:
-            stack += step_results(self.graph)
-        if not stack:  # not a training step: nothing tells what is pruned
-            return (True,) * n
-        seen = [False] * n
-        for i in stack:
-            seen[i] = True
-        preds = adj.preds
-        for i in stack:  # (the list grows as it is walked: each op seen once)
-            for p in preds[i]:
-                if not seen[p]:
-                    seen[p] = True
-                    stack.append(p)
-        return tuple(seen)
+        seeds = list(map(self.graph.index.__getitem__, self._seeds))
+        if not seeds:  # not a training step: nothing tells what is pruned
+            return (True,) * len(self.graph.ops)
+        return tuple(waited_for(self.graph, seeds + list(step_results(self.graph))))
 
     @functools.cached_property
     def _seeds(self) -> tuple[str, ...]:

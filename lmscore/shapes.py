@@ -1149,7 +1149,7 @@ def trip_count(graph: Graph, i: int, body: LoopBody | None,
     if j >= len(ins) or j >= len(body.returns) or not body.returns[j]:
         return 0
     start = value_of(ins[j])
-    step_op = body.graph.index.get(_through(body.graph, body.returns[j]).rpartition(":")[0])
+    step_op = body.graph.index.get(value_through(body.graph, body.returns[j]).rpartition(":")[0])
     if start is None or len(start) != 1 or step_op is None:
         return 0
     op = body.graph.ops[step_op]
@@ -1197,8 +1197,8 @@ def _cond_bound(graphdef: bytes, name: str) -> tuple[int, bool, int | str] | Non
     return args.index(left), node.op == "LessEqual", value[0]
 
 
-def _through(body: Graph, tensor: str) -> str:
-    """Follow pass-through ops back to the tensor a value is."""
+def value_through(body: Graph, tensor: str) -> str:
+    """The tensor of ``body`` whose value ``tensor`` is, past pass-through ops (Identity...)."""
     seen = 0
     while seen < 64:
         name, _, port = tensor.rpartition(":")
@@ -1219,7 +1219,7 @@ def _loop_kind(
 ) -> tuple[str, int]:
     """Kind of loop variable ``k`` (see :class:`LoopBody`) and its source variable."""
     arg_of = {f"{a}:0": j for a, j in args.items()}
-    t = _through(body, _body_ref(ret, args, nodes)) if ret else ""
+    t = value_through(body, _body_ref(ret, args, nodes)) if ret else ""
     if arg_of.get(t) == k:
         return "pass", -1
     pushed: list[str] = []
@@ -1233,10 +1233,10 @@ def _loop_kind(
             kind = "consumed"
         elif op.type in ("TensorListPushBack", "TensorListSetItem"):
             kind = kind or "filled"
-            pushed.append(_through(body, op.inputs[-1]))
+            pushed.append(value_through(body, op.inputs[-1]))
         elif op.type not in _PASS_OPS:
             break
-        t = _through(body, op.inputs[0])
+        t = value_through(body, op.inputs[0])
     if arg_of.get(t) != k or not kind:
         return "carried", -1
     if kind == "consumed":
@@ -1245,15 +1245,15 @@ def _loop_kind(
         name = x.rpartition(":")[0]
         op = body.ops[body.index[name]] if name in body.index else None
         if op is not None and op.type == "TensorListGetItem" and op.inputs:
-            src = arg_of.get(_through(body, op.inputs[0]), -1)
+            src = arg_of.get(value_through(body, op.inputs[0]), -1)
             if src >= 0:
                 return "refs", src
         m = arg_of.get(x)
         if m is not None and m != k and m < len(rets):
             # The previous value of loop variable m: if another list pushes m's new
             # value, both lists hold the same buffers (all but the first).
-            new = _through(body, _body_ref(rets[m], args, nodes))
-            if any(_through(body, p.inputs[-1]) == new for p in _pushes(body) if p.inputs):
+            new = value_through(body, _body_ref(rets[m], args, nodes))
+            if any(value_through(body, p.inputs[-1]) == new for p in _pushes(body) if p.inputs):
                 return "duplicate", -1
     return "filled", -1
 
