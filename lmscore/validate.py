@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import ConfigError, RunError
 from .ir import Graph
 from .memory import cpu_kernel_library, simulate
-from .shapes import resolve
+from .shapes import extend_sizes, resolve
 from .timeline import Timeline, compare
 
 if TYPE_CHECKING:
@@ -378,9 +378,14 @@ def validate_plan(
         original = rewrite(graph, replace(empty_plan(graph), pin_schedule=True)).graph
         original_data = to_graphdef(original, mode="emulate")
 
+    # Resolved once: the pinned original and the rewritten step extend the graph's sizes.
+    sizes = resolve(graph, batch_size)
+    original_sizes = extend_sizes(sizes, original)
+
     def evaluate(library: str) -> PlanEvaluation:
-        before = simulate(original, batch_size, workspace=library)
-        return evaluate_plan(graph, plan, batch_size, workspace=library, before=before)
+        before = simulate(original, batch_size, sizes=original_sizes, workspace=library)
+        return evaluate_plan(graph, plan, batch_size, workspace=library, before=before,
+                             sizes=sizes)
 
     ev = evaluate(cpu_kernel_library())
     rw = ev.rewrite
@@ -401,13 +406,13 @@ def validate_plan(
     if library != cpu_kernel_library():
         ev = evaluate(library)
     sim0, sim1 = ev.before, ev.after
-    sizes = resolve(rw.graph, batch_size)  # one resolution for every run's replay
+    rewritten_sizes = extend_sizes(sizes, rw.graph)
     replayed_runs = tuple(
-        simulate(rw.graph, batch_size, sizes=sizes, workspace=library,
+        simulate(rw.graph, batch_size, sizes=rewritten_sizes, workspace=library,
                  executed=m.executed).peak_bytes
         for m in rewritten)
-    replayed_original = simulate(original, batch_size, workspace=library,
-                                 executed=m0.executed).peak_bytes
+    replayed_original = simulate(original, batch_size, sizes=original_sizes,
+                                 workspace=library, executed=m0.executed).peak_bytes
     measured = {
         "original": int(m0.peak_bytes.get(dev, 0) + m0.persistent_bytes.get(dev, 0)),
         "rewritten": int(m1.peak_bytes.get(dev, 0) + m1.persistent_bytes.get(dev, 0)),
