@@ -270,15 +270,17 @@ def _released(graph: Graph, releases: list[tuple[str, str]], exact: bool) -> Gra
     tensor's last device reader (on the emulated accelerator it ran only when the backward
     pass first needed a swap-in), and the device buffer stays allocated until it does.
     Making the next op wait for the copy frees the buffer where the simulation frees it.
-    The op taken is the next one in the rewritten step's own order that the step needs
-    (TensorFlow prunes the others) and, with ``exact``, whose control input changes nothing
-    Grappler does (:func:`lmscore.plan.control_safe`: a Shape may be folded, a Sigmoid not
-    fused); without it (pinned plans, which promise a peak) the next op that computes,
-    after both the last reader and the swap-out: every edge goes forward in one
-    topological order, so together they close no cycle::
+    The op taken is the next one after the last reader in the rewritten step's own order
+    that the step needs (TensorFlow prunes the others) and, with ``exact``, whose control
+    input changes nothing Grappler does (:func:`lmscore.plan.control_safe`: a Shape may be
+    folded, a Sigmoid not fused); without it (pinned plans, which promise a peak) the next
+    op that computes. It may come before the swap-out in that order (both were ready when
+    ``p`` ended, and the executor took it first): the swap-out reads ``p`` alone, so no op
+    after ``p``'s last reader is among its ancestors, and no release edge closes a cycle
+    (each goes forward in the order that puts every swap-out right after its producer)::
 
         before:  p -> c (near) ;  p -> swapout -> swapin -> far
-                 schedule ... p ... c, r ...
+                 schedule ... p ... c, r ..., swapout
         after:   the same, plus  swapout ->^ r   (r: the op after c in the schedule)
     """
     ordering = order(graph)
@@ -297,8 +299,10 @@ def _released(graph: Graph, releases: list[tuple[str, str]], exact: bool) -> Gra
         release = None
         # walked by position: a slice of the schedule would copy the rest of the step for
         # each swap, when the op sought is nearly always among the next few
-        for k in range(max(last, pos[out]) + 1, len(schedule)):
+        for k in range(last + 1, len(schedule)):
             i = schedule[k]
+            if i == out:
+                continue
             if exact:
                 if needed[i] and control_safe(graph, i):
                     release = i

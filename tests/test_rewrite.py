@@ -291,6 +291,35 @@ def test_swap_out_release_ignores_readers_the_step_prunes(pin):
                for op in new.ops if op.name not in ("c", "lms/swapin_a_0_0"))
 
 
+@pytest.mark.parametrize("pin", [False, True])
+def test_swap_out_release_is_the_op_right_after_the_last_reader(pin):
+    """The op after the swapped tensor's last reader waits for the copy, even one the
+    executor would start before the swap-out.
+
+    ``a`` (4000 B) is read only by ``f``, late; ``c`` (4000 B) needs neither. When ``a``
+    ends, ``c`` and the swap-out are both ready and the executor starts ``c`` first:
+    released at the op after the swap-out (``d``), ``a`` and ``c`` were both on the device.
+    """
+    big, small = t("float", 1, 1000), t("float", 1, 8)
+    g = Graph((
+        Op("x", "Placeholder", outputs=small),
+        Op("a", "MatMul", inputs=("x:0", "x:0"), outputs=big),
+        Op("c", "MatMul", inputs=("x:0", "x:0"), outputs=big),
+        Op("d", "MatMul", inputs=("c:0", "x:0"), outputs=small),
+        Op("e", "MatMul", inputs=("d:0", "x:0"), outputs=small),
+        Op("f", "MatMul", inputs=("e:0", "a:0"), outputs=small),
+    ), "release")
+    assert simulate(g, 1).peak_bytes == 32 + 4000 + 4000 + 32  # x, a, c, d
+    plan = Plan(fingerprint(g), swaps=(Swap("a:0", (SwapIn(("f",), "d"),)),),
+                pin_schedule=pin)
+    new = rewrite(g, plan).graph
+    assert "lms/swapout_a_0" in new.op("c").control_inputs
+    assert "lms/swapout_a_0" not in new.op("d").control_inputs
+    assert [new.ops[i].name for i in lmscore.order(new).schedule] == [
+        "x", "a", "lms/swapout_a_0", "c", "d", "e", "lms/swapin_a_0_0", "f"]
+    assert simulate(new, 1).peak_bytes == 32 + 4000 + 32 + 32  # x, c, d, e: a is gone
+
+
 def test_readers_the_step_prunes_are_never_swap_candidates():
     """A swap-in for a reader that never runs would move bytes for nothing."""
     g = _pruned_reader_step(
