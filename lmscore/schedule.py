@@ -10,7 +10,9 @@ the tensors of two branches that the executor computes op by op in alternation.
 :func:`memory_schedule` is a greedy list scheduler over the same buffers as the
 simulation (XLA's list memory scheduler works the same way): among the ready ops it runs
 the one that frees the most bytes net of what it allocates, the executor's order breaking
-ties, so that a branch is finished before the next is started. :func:`scheduled` pins an
+ties, so that a branch is finished before the next is started. A result written in place
+into its input is charged as a new buffer unless its op reads that input last, since the
+order decides which reader may overwrite it. :func:`scheduled` pins an
 order with control edges (each op after the previous), which is what a plan with a
 ``schedule`` does before its swaps and recomputations (:func:`lmscore.rewrite.rewrite`),
 so the simulation and the device both run it. On ResNet-50 at batch 800 (V100 16 GiB) no
@@ -25,9 +27,10 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import replace
 
-from .ir import Graph
-from .memory import Simulation
+from .ir import Graph, split_tensor
+from .memory import _VIEW_TYPES, Simulation, _view_of
 from .order import BACKWARD, FORWARD, SCHEDULED_AFTER, UPDATE, Ordering, order
+from .shapes import Sizes, resolve
 
 
 def chained_ops(graph: Graph, ordering: Ordering, schedule: Sequence[int]) -> list[int]:
@@ -152,7 +155,7 @@ def _units(graph: Graph, names: Sequence[str]) -> list[tuple[str, ...]]:
     return units
 
 
-def memory_schedule(graph: Graph, sim: Simulation) -> tuple[str, ...]:
+def memory_schedule(graph: Graph, sim: Simulation, sizes: Sizes | None = None) -> tuple[str, ...]:
     """The device ops of ``graph`` in a memory-aware order (see the module docstring).
 
     Parameters
@@ -161,6 +164,8 @@ def memory_schedule(graph: Graph, sim: Simulation) -> tuple[str, ...]:
     sim : Simulation
         The step simulated in the executor's order: its buffers (who allocates them and
         who reads them) and their sizes drive the choice.
+    sizes : Sizes, optional
+        ``sim``'s sizes (resolved again if not given).
 
     Returns
     -------
@@ -171,27 +176,22 @@ def memory_schedule(graph: Graph, sim: Simulation) -> tuple[str, ...]:
     adj = graph.adjacency
     n = len(graph.ops)
     pos = ordering.position
+    sizes_, producers, reads = _buffer_model(graph, sizes or resolve(graph, sim.batch_size),
+                                             sim)
     alloc = [0] * n
-    reads: list[list[int]] = [[] for _ in range(n)]
-    sizes: list[int] = []
-    left: list[int] = []
-    for b in sim.buffers:
-        k = len(sizes)
-        own = not (b.host or b.scratch)
-        sizes.append(b.bytes if own else 0)
-        readers = set(b.readers) if own else set()
-        left.append(len(readers))
-        if own:
-            alloc[b.producer] += b.bytes
-        for r in readers:
-            reads[r].append(k)
+    for k, p in enumerate(producers):
+        alloc[p] += sizes_[k]
+    left = [len(r) for r in reads]
+    reads_of: list[list[int]] = [[] for _ in range(n)]
+    for k, rs in enumerate(reads):
+        for r in rs:
+            reads_of[r].append(k)
     # what an op frees when it runs now: the buffers it is the last unscheduled reader of
-    frees = [sum(sizes[k] for k in reads[i] if left[k] == 1) for i in range(n)]
+    frees = [sum(sizes_[k] for k in reads_of[i] if left[k] == 1) for i in range(n)]
     indeg = [len(adj.preds[i]) for i in range(n)]
     heap = [(alloc[i] - frees[i], pos[i], i) for i in range(n) if indeg[i] == 0]
     heapq.heapify(heap)
     done = [False] * n
-    readers = [tuple(set(b.readers)) for b in sim.buffers]
     out: list[int] = []
     while heap:
         key, _, i = heapq.heappop(heap)
@@ -199,12 +199,12 @@ def memory_schedule(graph: Graph, sim: Simulation) -> tuple[str, ...]:
             continue  # a stale entry: the op was run, or its key has improved since
         done[i] = True
         out.append(i)
-        for k in reads[i]:
+        for k in reads_of[i]:
             left[k] -= 1
             if left[k] == 1:  # its one reader left now frees it
-                for r in readers[k]:
+                for r in reads[k]:
                     if not done[r]:
-                        frees[r] += sizes[k]
+                        frees[r] += sizes_[k]
                         if indeg[r] == 0:  # ready: its entry's key has improved
                             heapq.heappush(heap, (alloc[r] - frees[r], pos[r], r))
         for s in adj.succs[i]:
@@ -212,6 +212,65 @@ def memory_schedule(graph: Graph, sim: Simulation) -> tuple[str, ...]:
             if indeg[s] == 0:
                 heapq.heappush(heap, (alloc[s] - frees[s], pos[s], s))
     return tuple(graph.ops[i].name for i in chained_ops(graph, ordering, out))
+
+
+def _buffer_model(graph: Graph, sizes: Sizes, sim: Simulation
+                  ) -> tuple[list[int], list[int], list[tuple[int, ...]]]:
+    """The device buffers as an order other than ``sim``'s would have them.
+
+    A view shares its source's buffer in any order; a result written in place into its
+    input (``forward_input_or_allocate_output``) does only where its op is the input's
+    last reader, which is what the order decides. So each in-place result of ``sim`` is a
+    buffer of its own here: an op that would overwrite its input is charged its output
+    unless it runs last of that input's readers (then what it frees pays for it)::
+
+        g read by m (in place in the executor's order, its last reader) and by a:
+        run m before a: m allocates |g|, a frees g         (m's key +|g|, not 0)
+        run a before m: a allocates, m frees g into its own result (m's key 0)
+
+    Returns
+    -------
+    sizes, producers : list of int
+        Each buffer's bytes and the op that allocates it.
+    readers : list of tuple of int
+        Each buffer's readers (of any of its tensors).
+    """
+    index = graph.index
+    consumers = graph.adjacency.consumers
+    ops = graph.ops
+    of: dict[tuple[int, int], int] = {}
+    nbytes: list[int] = []
+    producers: list[int] = []
+    readers: list[set[int]] = []
+    for b in sim.buffers:
+        if b.scratch or b.host:
+            continue
+        first = len(nbytes)
+        seen: set[int] = set()
+        for name in (b.tensor, *b.views):  # a view after its source (schedule order)
+            op, port = split_tensor(name)
+            i = index.get(op)
+            if i is None:  # memory no tensor names (a pooling's workspace for its gradient)
+                nbytes.append(b.bytes)
+                producers.append(b.producer)
+                readers.append(set())
+                break
+            t = (i, port)
+            src = _view_of(graph, sizes, i, port) if ops[i].type in _VIEW_TYPES else None
+            k = of.get(src) if src is not None else None
+            if k is None:
+                k = len(nbytes)
+                nbytes.append(b.bytes)
+                producers.append(i)
+                readers.append(set())
+            of[t] = k
+            cs = consumers.get(t, ())
+            readers[k].update(cs)
+            seen.update(cs)
+        # readers the simulation adds beyond the data edges (a pooling's gradient reads
+        # the forward op's buffer) stay with the buffer's first tensor
+        readers[first].update(r for r in b.readers if r not in seen)
+    return nbytes, producers, [tuple(r) for r in readers]
 
 
 __all__ = ["chained_ops", "memory_schedule", "scheduled"]

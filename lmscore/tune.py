@@ -758,7 +758,7 @@ def _per_tensor(strategy, graph, batch, ctx, budget, memory, safety, workspace, 
         # is on the device there cannot all be freed: plan again in a memory-aware order.
         if ctx.rescheduled is None:
             report(0.5, "a memory-aware order of the step")
-            names = memory_schedule(graph, base)
+            names = memory_schedule(graph, base, ctx.sizes)
             step = scheduled(graph, names)
             sim = simulate(step, batch, sizes=ctx.sizes, workspace=workspace)
             ctx.rescheduled = (names, _context(step, ctx.sizes, sim, ctx.seconds, ctx.link))

@@ -13,7 +13,8 @@ from lmscore.ir import Graph, Op
 from lmscore.memory import simulate
 from lmscore.order import order
 from lmscore.plan import Plan, Swap, SwapIn, check_plan, fingerprint, plan_from_json
-from lmscore.schedule import memory_schedule, scheduled
+from lmscore.schedule import _buffer_model, memory_schedule, scheduled
+from lmscore.shapes import resolve
 from lmscore.tune import tune
 
 BIG, SMALL = t("float", 1, 1000), t("float", 1, 8)
@@ -125,3 +126,43 @@ def test_the_tuner_reorders_when_no_plan_fits_in_the_executors_order():
     assert "memory-aware order" in r.message
     # a budget under the memory-aware order's peak: still an honest refusal
     assert not tune(g, 1, 4000, safety=1.0, strategy="swap").fits
+
+
+def test_an_op_that_would_overwrite_its_input_pays_for_its_result_unless_it_reads_last():
+    """``s`` writes into ``g`` in place only if it runs after ``m``, as the executor runs it.
+
+    Charged nothing for its result (it was in place in the executor's order), ``s`` ran
+    first, before ``m`` had read ``g``: three buffers at once, not two.
+    """
+    g = Graph((
+        Op("x", "Placeholder", outputs=BIG),
+        Op("g", "MatMul", inputs=("x:0", "x:0"), outputs=BIG),
+        Op("m", "MatMul", inputs=("g:0", "g:0"), outputs=BIG),
+        Op("s", "AddN", inputs=("x:0", "g:0"), outputs=BIG),
+    ), "in place")
+    base = simulate(g, 1)
+    assert [b.tensor for b in base.buffers] == ["g:0", "m:0"]  # s in place in g
+    assert base.buffers[0].views == ("s:0",)
+    # m and s each allocate 4000 B while g has another reader: the executor's order breaks
+    # the tie, and s, then g's last reader, writes into g
+    names = memory_schedule(g, base)
+    assert names == ("g", "m", "s")
+    assert simulate(scheduled(g, names), 1).peak_bytes == base.peak_bytes == 4000 * 3
+
+
+def test_the_schedulers_buffers_keep_views_and_split_in_place_results():
+    g = Graph((
+        Op("x", "Placeholder", outputs=BIG),
+        Op("g", "MatMul", inputs=("x:0", "x:0"), outputs=BIG),
+        Op("a", "MatMul", inputs=("g:0", "x:0"), outputs=SMALL),
+        Op("m", "Relu", inputs=("g:0",), outputs=BIG),  # in place: g's last reader
+        Op("v", "Reshape", inputs=("m:0",), outputs=BIG),  # a view of m's result
+        Op("s", "MatMul", inputs=("v:0", "x:0"), outputs=SMALL),
+    ), "views")
+    sim = simulate(g, 1)
+    assert [(b.tensor, b.views) for b in sim.buffers[:1]] == [("g:0", ("m:0", "v:0"))]
+    nbytes, producers, readers = _buffer_model(g, resolve(g, 1), sim)
+    names = [g.ops[p].name for p in producers]
+    assert list(zip(names, nbytes, [sorted(g.ops[r].name for r in rs) for rs in readers],
+                    strict=True)) == [
+        ("g", 4000, ["a", "m"]), ("m", 4000, ["s", "v"]), ("a", 32, []), ("s", 32, [])]
