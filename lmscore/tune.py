@@ -18,7 +18,9 @@ its plan, the ``swap`` plan, the ``recompute`` plan or the ``knobs`` plan, which
 predicted faster among those that fit (the one-kind plans are planned only when they may
 win: the MILP's plan does not fit, or costs more than the MILP predicted). Where no plan
 fits in the executor's order, the per-tensor planners plan again in a memory-aware one
-(:mod:`lmscore.schedule`).
+(:mod:`lmscore.schedule`). Where still none fits, ``recompute`` and ``hybrid`` try Chen's
+sqrt(n) checkpointing (:mod:`lmscore.checkpoint`), which recomputes whole segments and
+holds nothing on the host.
 
 The time model: op time = max(FLOPs / peak FLOP/s, bytes / memory bandwidth) on a device
 preset, plus a launch cost; a transfer takes bytes / link bandwidth on one copy queue per
@@ -546,6 +548,8 @@ def tune(
     if strategy not in STRATEGIES:
         return _knob_search(strategy, *args)
     per = _per_tensor(strategy, *args)
+    if strategy == "recompute" and not per.fits:
+        return _checkpointed(*args) or per
     if strategy != "hybrid":
         return per
     # The knobs' plans are not among the MILP's options: they are always candidates.
@@ -558,7 +562,37 @@ def tune(
     # less, but may be the ones whose predictions hold. All share one context.
     if not per.fits or _costs_more_than_solved(best, per, base_seconds):
         best = _best((best, _per_tensor("swap", *args), _per_tensor("recompute", *args)))
+    if not best.fits:
+        best = _checkpointed(*args) or best
     return replace(best, strategy="hybrid", evaluations=ctx.evaluations)
+
+
+def _checkpointed(graph, batch, ctx, budget, memory, safety, workspace, min_peak, bound,
+                  base_seconds, report, stop) -> TuneResult | None:
+    """Chen's sqrt(n) checkpointing (:func:`lmscore.checkpoint.chen_plan`), if it fits.
+
+    A candidate where no per-tensor plan fits: its segments recompute whole stretches of
+    the forward pass, where a per-tensor recomputation clones at most
+    :data:`lmscore.planners.MAX_CHAIN` ops, and it moves nothing to the host, which stops
+    the swaps first on a large device (the 28,608-op DenseNet on an A100: 1,906 against
+    1,587 for the per-tensor plans, whose swaps fill TensorFlow's 128 GiB host limit).
+    """
+    from .checkpoint import chen_plan
+
+    if stop():
+        return None
+    report(0.9, "sqrt(n) checkpointing")
+    plan = chen_plan(graph, batch, sizes=ctx.sizes)
+    if plan.changes_nothing():
+        return None
+    ev = evaluate_plan(graph, plan, batch, workspace=workspace, before=ctx.base,
+                       sizes=ctx.sizes)
+    ctx.evaluations += 1
+    if not ev.fits(memory, safety, ctx.host_limit):
+        return None
+    return _result(graph, batch, ev.plan, True, budget, memory, ctx.base, ev.after,
+                   base_seconds, _seconds(ctx, ev.plan), "recompute", ctx, min_peak, bound,
+                   {"baseline": "sqrt(n)"}, workspace)
 
 
 def _best(results: tuple[TuneResult, ...]) -> TuneResult:
@@ -892,9 +926,13 @@ def _result(graph, batch, plan, fitted, budget, memory, base, sim, base_seconds,
                    f"{format_bytes(budget)} (device peak {format_bytes(base.peak_bytes)}{race})")
     elif fitted:
         rec = f" and {len(plan.recomputes)} recomputed" if plan.recomputes else ""
+        what = f"{len(plan.swaps)} swapped tensors ({format_bytes(swap_bytes)}){rec}"
+        if not plan.swaps and plan.recomputes:
+            what = f"{len(plan.recomputes)} recomputed tensors"
+        if (knobs or {}).get("baseline"):
+            what += f" ({knobs['baseline']} checkpointing)"
         how = " in a memory-aware order" if plan.schedule else ""
-        message = (f"fits with {len(plan.swaps)} swapped tensors "
-                   f"({format_bytes(swap_bytes)}){rec}{how}: peak "
+        message = (f"fits with {what}{how}: peak "
                    f"{format_bytes(base.peak_bytes)} -> "
                    f"{format_bytes(sim.peak_bytes)}, host {format_bytes(sim.host_peak_bytes)}"
                    f" of {format_bytes(host)}, predicted overhead {overhead:.1%}")

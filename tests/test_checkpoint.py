@@ -14,6 +14,7 @@ from lmscore.ir import Graph, Op
 from lmscore.order import FORWARD, order
 from lmscore.plan import Recompute, recompute_refusal
 from lmscore.shapes import resolve
+from lmscore.tune import tune
 
 ACT = 4000  # bytes of one activation at batch 1 (1000 floats)
 
@@ -194,3 +195,21 @@ def test_checkpointed_step_is_bit_identical_under_default_grappler(name):
     rw = rewrite(graph, c.plan)
     _assert_identical(_run(graph.graphdef, batch),
                       _run(to_graphdef(rw.graph, mode="emulate"), batch))
+
+
+@pytest.mark.parametrize("strategy", ["recompute", "hybrid"])
+def test_tune_falls_back_to_checkpointing_where_no_per_tensor_plan_fits(strategy):
+    """A 16-tanh chain with no host memory for swaps: a per-tensor recomputation clones at
+    most four ops from an input still on the device, and none fits the checkpointed peak;
+    the sqrt(n) plan (4 segments of 4) does, and ``tune`` returns it."""
+    g = tanh_chain(16)
+    ev = evaluate_plan(g, chen_plan(g, 1), 1)
+    fixed = 4000 + 16 + 4
+    assert (ev.before.peak_bytes, ev.after.peak_bytes) == (
+        fixed + 16 * ACT + ACT + 8, fixed + 4 * ACT + ACT + 8)
+    r = tune(g, 1, ev.after.peak_bytes, safety=1.0, strategy=strategy, host_memory=1)
+    assert r.fits and r.plan == chen_plan(g, 1) and r.knobs == {"baseline": "sqrt(n)"}
+    assert r.predicted_peak_bytes == ev.after.peak_bytes and r.swapped_tensors == 0
+    assert r.message.startswith("fits with 12 recomputed tensors (sqrt(n) checkpointing)")
+    short = tune(g, 1, ev.after.peak_bytes - 1, safety=1.0, strategy=strategy, host_memory=1)
+    assert not short.fits
