@@ -59,12 +59,15 @@ MAX_CHAIN = 4
 #: Buffers smaller than this fraction of the transient peak get no options: they cannot
 #: matter to the fit and would only grow the MILP.
 MIN_FRACTION = 1e-3
-#: Idle stretches of one buffer that get options, the longest first. A block's output
-#: in ResNet-50 has four: between its forward readers, before each of the next block's
-#: two filter gradients, and before its own ReLU gradient, where the next block's two
-#: input gradients are summed beside it (ResNet-50 on a V100: batch 1,343 fits with four
-#: options per buffer, not with three).
-MAX_GAPS = 4
+#: Idle stretches of one buffer that get options, the longest first.
+MAX_GAPS = 3
+#: The same, where no choice of options over :data:`MAX_GAPS` stretches covers the budget
+#: (a larger MILP: planning the 28,608-op DenseNet took 5.7 s, not 3.4 s, with four for
+#: every problem). A block's output in ResNet-50 has four: between its forward readers,
+#: before each of the next block's two filter gradients, and before its own ReLU gradient,
+#: where the next block's two input gradients are summed beside it (ResNet-50 on a V100:
+#: batch 1,343 fits with four options per buffer, not with three).
+WIDE_GAPS = 4
 #: Shortest idle stretch that gets options, in schedule positions between two readers.
 MIN_GAP = 3
 
@@ -117,6 +120,7 @@ def options(
     seconds: Sequence[float],
     link_bandwidth: float,
     kinds: Sequence[str] = ("swap", "recompute"),
+    max_gaps: int = MAX_GAPS,
 ) -> tuple[Option, ...]:
     """The options of every large idle buffer of ``base`` (see the module docstring).
 
@@ -132,6 +136,8 @@ def options(
         Bytes per second, one direction.
     kinds : sequence of str
         ``"swap"``, ``"recompute"`` or both.
+    max_gaps : int
+        Idle stretches of each buffer that get options, the longest first.
 
     Returns
     -------
@@ -159,7 +165,7 @@ def options(
         gaps = np.diff(marks)
         # the longest idle stretches (a gradient read early and again by a late sum has
         # two): an option frees the buffer over one, for all the readers after it
-        for k in np.argsort(-gaps, kind="stable")[:MAX_GAPS]:
+        for k in np.argsort(-gaps, kind="stable")[:max_gaps]:
             if gaps[k] >= MIN_GAP:
                 out.extend(_buffer_options(graph, ordering, b, marks[k], marks[k + 1],
                                            readers, alive, swappable, elapsed, start,

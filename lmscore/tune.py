@@ -56,7 +56,7 @@ from .plan import (
     fingerprint,
     group_consumers,
 )
-from .planners import STRATEGIES, decisions, options, solve
+from .planners import STRATEGIES, WIDE_GAPS, decisions, options, solve
 from .presets import DEVICES, LINKS, Device, Link, preset
 from .schedule import memory_schedule, scheduled
 from .shapes import Sizes, resolve
@@ -270,6 +270,8 @@ class _Context:
     rescheduled: tuple | None = None
     # lmscore.planners.options of every kind, made on first need; a strategy filters them
     options: tuple | None = None
+    # the same over lmscore.planners.WIDE_GAPS idle stretches per buffer, made on first need
+    wide_options: tuple | None = None
     # host memory the swapped tensors may hold (lmscore.memory.host_memory_limit)
     host_limit: int | None = None
     safety: float = 1.0
@@ -832,12 +834,23 @@ def _solve_and_check(strategy, graph, batch, ctx, schedule, budget, memory, safe
     target = budget - ctx.base.race_bytes
     best = None
     knobs: dict = {"options": len(opts)}
+    widened = False
     for attempt in range(8):
         if stop():
             break
         report(0.2 + 0.1 * attempt, f"solving the MILP ({len(opts)} options)")
         sol = solve(opts, live, target, host_limit=ctx.host_limit)
         ctx.evaluations += 1
+        if not sol.feasible and not widened:
+            # options over more idle stretches of each buffer: a larger MILP, asked for
+            # only where the smaller has no answer
+            widened = True
+            if ctx.wide_options is None:
+                ctx.wide_options = options(step, ctx.sizes, ctx.base, ctx.seconds,
+                                           ctx.link, max_gaps=WIDE_GAPS)
+            opts = [o for o in ctx.wide_options if o.kind in STRATEGIES[strategy]]
+            sol = solve(opts, live, target, host_limit=ctx.host_limit)
+            ctx.evaluations += 1
         host_bound = False
         if not sol.feasible and best is None and sol.host_rows:
             # would the device alone take a plan? Then the host is what stops it (without
