@@ -176,8 +176,9 @@ def memory_schedule(graph: Graph, sim: Simulation, sizes: Sizes | None = None) -
     adj = graph.adjacency
     n = len(graph.ops)
     pos = ordering.position
-    sizes_, producers, reads = _buffer_model(graph, sizes or resolve(graph, sim.batch_size),
-                                             sim)
+    if sizes is None:
+        sizes = resolve(graph, sim.batch_size)
+    sizes_, producers, reads = _buffer_model(graph, sizes, sim)
     alloc = [0] * n
     for k, p in enumerate(producers):
         alloc[p] += sizes_[k]
@@ -250,7 +251,7 @@ def _buffer_model(graph: Graph, sizes: Sizes, sim: Simulation
         for name in (b.tensor, *b.views):  # a view after its source (schedule order)
             op, port = split_tensor(name)
             i = index.get(op)
-            if i is None:  # memory no tensor names (a pooling's workspace for its gradient)
+            if i is None:  # memory no tensor names: a pooling's workspace for its gradient
                 nbytes.append(b.bytes)
                 producers.append(b.producer)
                 readers.append(set())
