@@ -579,12 +579,13 @@ def _checkpointed(graph, batch, ctx, budget, memory, safety, workspace, min_peak
     the swaps first on a large device (the 28,608-op DenseNet on an A100: 1,906 against
     1,587 for the per-tensor plans, whose swaps fill TensorFlow's 128 GiB host limit).
     """
-    from .checkpoint import chen_plan
+    from .checkpoint import checkpointing
 
     if stop():
         return None
     report(0.9, "sqrt(n) checkpointing")
-    plan = chen_plan(graph, batch, sizes=ctx.sizes)
+    # chen_plan's, from the simulation in hand (its activations are the same buffers)
+    plan = checkpointing(graph, batch, sizes=ctx.sizes, base=ctx.base).plan
     if plan.changes_nothing():
         return None
     # pinned, as every plan tune makes: unpinned, TensorFlow runs the clones in an order of
