@@ -34,7 +34,10 @@ in full, and a fit is only ever claimed when that full simulation shows it.
 
 from __future__ import annotations
 
+import functools
+import gc
 import math
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -261,10 +264,18 @@ class _Context:
     alloc: np.ndarray  # bytes allocated at each schedule position (unswapped)
     free: np.ndarray  # bytes freed after each position (unswapped)
     scratch: np.ndarray  # largest workspace at each position
-    elapsed: np.ndarray  # compute time up to and including each position
-    readers: list  # per candidate: (tensor, producer level, ((level, name), ...))
-    triggers: dict = field(default_factory=dict)
+    elapsed: list[float]  # compute time up to and including each position
+    swappable: tuple  # lmscore.plan.candidates at threshold 0, exact=False
+    readers: list  # per candidate: (tensor, producer level, ((level, name), ...), levels)
+    triggers: dict = field(default_factory=dict)  # (tensor, group, ahead) -> trigger
+    # what _swaps_for made: (tensor, first far reader, ahead, groupby) -> Swap
+    made: dict = field(default_factory=dict)
+    # per buffer and its far readers: the last position of a reader that stays
     moved: dict = field(default_factory=dict)
+    # per swap object's id: what _evaluate needs of it (_spans)
+    spans: dict = field(default_factory=dict)
+    plans: dict = field(default_factory=dict)  # (threshold, ahead, groupby) -> swaps
+    scores: dict = field(default_factory=dict)  # (swap ids, sync mode) -> _Score
     evaluations: int = 0
     # the step in a memory-aware order: (schedule, its context), made on first need
     rescheduled: tuple | None = None
@@ -304,34 +315,47 @@ def _context(
             owner[b.tensor] = k
             for v in b.views:
                 owner[v] = k
-    elapsed = np.cumsum([seconds[i] for i in ordering.schedule])
+    elapsed = np.cumsum([seconds[i] for i in ordering.schedule]).tolist()
     lv = ordering.levels
     cands = []
     # Tuned plans promise a peak: swap-ins may reorder a sum's inputs (see keeps_tensor)
-    for c in candidates(graph, sizes, 0, DEFAULT_PREDICATES, exact=False):
+    swappable = candidates(graph, sizes, 0, DEFAULT_PREDICATES, exact=False)
+    for c in swappable:
         if c.tensor not in owner:  # views of variables and constants hold no memory
             continue
         readers = tuple(sorted((lv[graph.index[r]], r) for r in c.far))
-        cands.append((c.tensor, c.producer_level, readers))
+        cands.append((c.tensor, c.producer_level, readers, [lvl for lvl, _ in readers]))
     return _Context(graph, sizes, base, pos, seconds, link, owner, alloc, free,
-                    scratch, elapsed, cands)
+                    scratch, elapsed, swappable, cands)
 
 
 def _swaps_for(ctx: _Context, threshold: int, ahead: int, groupby: int) -> tuple[Swap, ...]:
     """The plan the knobs give (what :func:`lmscore.plan.plan_from_params` makes)."""
+    knobs = (threshold, ahead, groupby)
+    if knobs in ctx.plans:  # the searches come back to the same settings
+        return ctx.plans[knobs]
     swaps = []
-    for tensor, level, readers in ctx.readers:
-        far = [name for lvl, name in readers if lvl - level > threshold]
-        if not far:
+    for tensor, level, readers, levels in ctx.readers:
+        # the readers are sorted by level: the far ones are a suffix
+        cut = bisect_right(levels, level + threshold)
+        if cut == len(readers):
             continue
-        swap_ins = []
-        for g in group_consumers(ctx.graph, far, groupby):
-            key = (tensor, g[0], ahead)
-            if key not in ctx.triggers:
-                ctx.triggers[key] = find_trigger(ctx.graph, tensor, g, ahead, 10, exact=False)
-            swap_ins.append(SwapIn(g, ctx.triggers[key]))
-        swaps.append(Swap(tensor, tuple(swap_ins)))
-    return tuple(swaps)
+        key = (tensor, cut, ahead, groupby)
+        swap = ctx.made.get(key)
+        if swap is None:
+            far = [name for _, name in readers[cut:]]
+            swap_ins = []
+            for g in group_consumers(ctx.graph, far, groupby):
+                # the trigger depends on the whole group (siblings of its consumers)
+                tk = (tensor, g, ahead)
+                if tk not in ctx.triggers:
+                    ctx.triggers[tk] = find_trigger(ctx.graph, tensor, g, ahead, 10,
+                                                    exact=False)
+                swap_ins.append(SwapIn(g, ctx.triggers[tk]))
+            swap = ctx.made[key] = Swap(tensor, tuple(swap_ins))
+        swaps.append(swap)
+    ctx.plans[knobs] = tuple(swaps)
+    return ctx.plans[knobs]
 
 
 def _evaluate(ctx: _Context, swaps: tuple[Swap, ...], sync_mode: int) -> _Score:
@@ -342,48 +366,64 @@ def _evaluate(ctx: _Context, swaps: tuple[Swap, ...], sync_mode: int) -> _Score:
     transfers on one copy queue per direction against the compute timeline.
     """
     ctx.evaluations += 1
+    by_buffer: dict[int, list[tuple]] = {}
+    for s in swaps:
+        c = ctx.spans.get(id(s))
+        if c is None or c[0] is not s:
+            c = ctx.spans[id(s)] = _spans(ctx, s)
+        if c[1] is not None:
+            by_buffer.setdefault(c[1], []).append(c)
+    # ctx.spans holds every swap scored, so an id stands for one swap for good
+    key = (tuple(map(id, swaps)), sync_mode)
+    if key not in ctx.scores:
+        ctx.scores[key] = _score(ctx, by_buffer, sync_mode)
+    return ctx.scores[key]
+
+
+def _score(ctx: _Context, by_buffer: dict[int, list[tuple]], sync_mode: int) -> _Score:
+    """:func:`_evaluate`'s score of the swaps of ``by_buffer`` (their :func:`_spans`)."""
     g = ctx.graph
-    idx = g.index
-    pos = ctx.pos
     n = len(g.ops)
     buffers = ctx.base.buffers
-    by_buffer: dict[int, list[Swap]] = {}
-    for s in swaps:
-        k = ctx.owner.get(s.tensor)
-        if k is not None:
-            by_buffer.setdefault(k, []).append(s)
-    alloc = ctx.alloc.copy()
-    free = ctx.free.copy()
+    at_pos: list[int] = []  # where swap-in buffers are allocated and freed, and their bytes
+    at_free: list[int] = []
+    at_bytes: list[int] = []
     events: list[tuple[int, int, int, int, int]] = []  # (pos, kind, id, bytes, other id)
     swap_bytes = 0
     gid = 0
     kept: list[Swap] = []
+    free = ctx.free.copy()
     for k, hit in by_buffer.items():
         b = buffers[k]
-        far = frozenset(c for s in hit for si in s.swap_ins for c in si.consumers)
+        far = hit[0][3] if len(hit) == 1 else frozenset().union(*(c[3] for c in hit))
         key = (k, far)
-        if key not in ctx.moved:
-            ctx.moved[key] = _moved_readers(g, b, set(far))
-        moved = ctx.moved[key]
-        keep = [pos[r] for r in b.readers if g.ops[r].name not in moved]
-        keep += [pos[idx[s.tensor.rpartition(":")[0]]] + 1 for s in hit]
+        last_kept = ctx.moved.get(key)
+        if last_kept is None:
+            moved = _moved_readers(g, b, set(far))
+            last_kept = ctx.moved[key] = max(
+                (ctx.pos[r] for r in b.readers if g.ops[r].name not in moved), default=-1)
         free[b.last] -= b.bytes
-        free[min(max(keep), n - 1)] += b.bytes
-        for s in hit:
+        free[min(max(last_kept, max(c[2] for c in hit) + 1), n - 1)] += b.bytes
+        for s, _, made, _, swap_ins in hit:
             kept.append(s)
             swap_bytes += b.bytes
-            made = pos[idx[s.tensor.rpartition(":")[0]]]
             out_id = gid
             events.append((made, 0, out_id, b.bytes, -1))
             gid += 1
-            for si in s.swap_ins:
-                cons = sorted(pos[idx[c]] for c in si.consumers)
-                at = pos[idx[si.trigger]] if si.trigger else made
-                alloc[at] += b.bytes
-                free[cons[-1]] += b.bytes
+            for first, last, at in swap_ins:
+                if at is None:
+                    at = made
+                at_pos.append(at)
+                at_free.append(last)
+                at_bytes.append(b.bytes)
                 events.append((at, 1, gid, b.bytes, out_id))
-                events.append((cons[0], -1, gid, b.bytes, -1))  # waits run before the op
+                events.append((first, -1, gid, b.bytes, -1))  # waits run before the op
                 gid += 1
+    alloc = ctx.alloc.copy()
+    if at_pos:
+        held = np.array(at_bytes, dtype=np.int64)
+        np.add.at(alloc, np.array(at_pos), held)
+        np.add.at(free, np.array(at_free), held)
     peak = int(_live(ctx, alloc, free).max()) if n else ctx.base.input_bytes
     # time: a shift accumulates every wait on a transfer that is not done yet
     elapsed = ctx.elapsed
@@ -408,6 +448,24 @@ def _evaluate(ctx: _Context, swaps: tuple[Swap, ...], sync_mode: int) -> _Score:
                 shift += h2d - now
     total = (float(elapsed[-1]) if n else 0.0) + shift
     return _Score(peak, total, tuple(kept), swap_bytes)
+
+
+def _spans(ctx: _Context, s: Swap) -> tuple:
+    """What :func:`_evaluate` needs of one swap, on ``ctx``'s schedule.
+
+    ``(s, its buffer's index or None, the producer's position, the far consumers,
+    ((first consumer's position, last consumer's, trigger's or None), ...))``: kept per
+    swap object (with it, so that its id is not reused) as the searches score the same
+    swaps in many plans.
+    """
+    idx, pos = ctx.graph.index, ctx.pos
+    spans = []
+    for si in s.swap_ins:
+        cons = [pos[idx[c]] for c in si.consumers]
+        spans.append((min(cons), max(cons), pos[idx[si.trigger]] if si.trigger else None))
+    far = frozenset(c for si in s.swap_ins for c in si.consumers)
+    return (s, ctx.owner.get(s.tensor), pos[idx[s.tensor.rpartition(":")[0]]], far,
+            tuple(spans))
 
 
 def _live(ctx: _Context, alloc: np.ndarray, free: np.ndarray) -> np.ndarray:
@@ -447,6 +505,28 @@ def _moved_readers(g: Graph, b, far: set[str]) -> set[str]:
 # --- The search --------------------------------------------------------------------------
 
 
+def _collector_paused(fn: Callable) -> Callable:
+    """``fn`` run with Python's cyclic garbage collector paused (reference counting frees).
+
+    A search allocates millions of small tuples; the survivors trigger collections that
+    walk every object alive, the graph's hundreds of thousands among them: 10-14% of a
+    ResNet-50 tune. What a search makes is freed by reference counting or, if cyclic, by
+    the first collection after it. A caller that paused the collector keeps it paused.
+    """
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if not gc.isenabled():
+            return fn(*args, **kwargs)
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    return run
+
+
+@_collector_paused
 def tune(
     graph: Graph,
     batch_size: int,
@@ -832,7 +912,8 @@ def _solve_and_check(strategy, graph, batch, ctx, schedule, budget, memory, safe
     report(0.1, "options per tensor")
     step = ctx.graph  # the original, or the original in ``schedule``'s order
     if ctx.options is None:  # the options of one kind do not depend on the other's
-        ctx.options = options(step, ctx.sizes, ctx.base, ctx.seconds, ctx.link)
+        ctx.options = options(step, ctx.sizes, ctx.base, ctx.seconds, ctx.link,
+                              swappable=ctx.swappable)
     opts = [o for o in ctx.options if o.kind in STRATEGIES[strategy]]
     live = _live(ctx, ctx.alloc, ctx.free)
     target = budget - ctx.base.race_bytes
@@ -851,7 +932,8 @@ def _solve_and_check(strategy, graph, batch, ctx, schedule, budget, memory, safe
             widened = True
             if ctx.wide_options is None:
                 ctx.wide_options = options(step, ctx.sizes, ctx.base, ctx.seconds,
-                                           ctx.link, max_gaps=WIDE_GAPS)
+                                           ctx.link, max_gaps=WIDE_GAPS,
+                                           swappable=ctx.swappable)
             opts = [o for o in ctx.wide_options if o.kind in STRATEGIES[strategy]]
             sol = solve(opts, live, target, host_limit=ctx.host_limit)
             ctx.evaluations += 1
