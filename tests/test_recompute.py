@@ -258,6 +258,48 @@ def test_the_memory_rows_solve_keeps_imply_every_row(raw, live, budget):
             assert all(seg_max[j] - freed(j) <= budget for j in over)
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1), st.sampled_from([0, 3, 6]), st.integers(1, 2),
+                          st.integers(1, 9), st.booleans(), st.integers(1, 9)),
+                min_size=1, max_size=8),
+       st.lists(st.integers(0, 20), min_size=9, max_size=9), st.integers(0, 12))
+# one buffer over two stretches: two recomputations, a recomputation and a swap, two swaps
+@example(raw=[(0, 0, 1, 9, False, 1), (0, 3, 1, 9, False, 1)],
+         live=[10, 10, 0, 10, 10, 0, 0, 0, 0], budget=5)
+@example(raw=[(0, 0, 1, 9, False, 1), (0, 3, 1, 9, True, 1)],
+         live=[10, 10, 0, 10, 10, 0, 0, 0, 0], budget=5)
+@example(raw=[(0, 0, 1, 9, True, 1), (0, 3, 1, 9, True, 1), (1, 3, 1, 9, False, 3)],
+         live=[10, 10, 0, 10, 10, 0, 0, 0, 0], budget=5)
+def test_the_milp_optimum_is_the_best_choice_of_compatible_options(raw, live, budget):
+    # options of two buffers, over idle stretches starting at 0, 3 or 6: two options of
+    # one buffer go together only over different stretches and when both are swaps
+    opts = [Option(f"t{k}", "swap" if swap else "recompute", lo, lo + span, nbytes,
+                   cost / 10, ("c",), "t", (), (), f"buf{b}")
+            for k, (b, lo, span, nbytes, swap, cost) in enumerate(raw)]
+    live = np.array(live)
+
+    def compatible(a, b):
+        return a.buffer != b.buffer or (a.lo != b.lo and a.kind == b.kind == "swap")
+
+    best = None
+    for mask in range(2 ** len(opts)):  # every choice of options
+        chosen = [o for k, o in enumerate(opts) if mask >> k & 1]
+        if not all(compatible(a, b) for j, a in enumerate(chosen) for b in chosen[j + 1:]):
+            continue
+        freed = np.zeros(len(live), dtype=np.int64)
+        for o in chosen:
+            freed[o.lo:o.hi + 1] += o.bytes
+        if (live - freed).max() <= budget:
+            cost = sum(o.seconds for o in chosen)
+            best = cost if best is None else min(best, cost)
+    sol = solve(opts, live, budget)
+    assert sol.feasible == (best is not None)
+    if sol.feasible:
+        assert all(compatible(a, b) for j, a in enumerate(sol.chosen)
+                   for b in sol.chosen[j + 1:])
+        assert sol.seconds == pytest.approx(best, abs=1e-9)
+
+
 def test_milp_keeps_the_host_within_its_limit():
     live = np.array([0, 10, 10, 5])
     a = _option("a", 1, 2, 4, 1.0)
