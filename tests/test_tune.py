@@ -42,6 +42,23 @@ def test_fits_without_swapping():
     assert "fits without swapping" in r.message
 
 
+def test_tune_leaves_the_garbage_collector_as_it_found_it():
+    import gc
+
+    assert gc.isenabled()
+    assert tune(long_edge(), 1, 6000, safety=1.0).fits
+    assert gc.isenabled()
+    with pytest.raises(ConfigError):
+        tune(long_edge(), 1, 6000, strategy="nope")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        tune(long_edge(), 1, 6000, safety=1.0)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_nothing_fits_names_the_bounding_op():
     # f reads e (32 B) and a (4000 B) and writes 32 B; with the 32 B feed: 4096 B.
     r = tune(long_edge(), 1, 3000, safety=1.0)
