@@ -274,10 +274,14 @@ def _released(graph: Graph, releases: list[tuple[str, str]], exact: bool) -> Gra
     that the step needs (TensorFlow prunes the others) and, with ``exact``, whose control
     input changes nothing Grappler does (:func:`lmscore.plan.control_safe`: a Shape may be
     folded, a Sigmoid not fused); without it (pinned plans, which promise a peak) the next
-    op that computes. It may come before the swap-out in that order (both were ready when
-    ``p`` ended, and the executor took it first): the swap-out reads ``p`` alone, so no op
-    after ``p``'s last reader is among its ancestors, and no release edge closes a cycle
-    (each goes forward in the order that puts every swap-out right after its producer)::
+    op that computes, but not one TensorFlow may merge with another
+    (:attr:`lmscore.ir.Graph.siblings`): waiting for a swap-out, a bias gradient is left
+    out of oneDNN's merge with its filter gradient and sums in another order (a tuned plan
+    of a small CNN: one bias 2.3e-9 apart after 3 steps, Grappler on or off). It may come
+    before the swap-out in that order (both were ready when ``p`` ended, and the executor
+    took it first): the swap-out reads ``p`` alone, so no op after ``p``'s last reader is
+    among its ancestors, and no release edge closes a cycle (each goes forward in the order
+    that puts every swap-out right after its producer)::
 
         before:  p -> c (near) ;  p -> swapout -> swapin -> far
                  schedule ... p ... c, r ..., swapout
@@ -288,6 +292,7 @@ def _released(graph: Graph, releases: list[tuple[str, str]], exact: bool) -> Gra
     needed = ordering.needed
     schedule = ordering.schedule
     ops = list(graph.ops)
+    merged = graph.siblings  # a control input keeps oneDNN from merging them
     for out_name, tensor in releases:
         producer, port = split_tensor(tensor)
         out = graph.index[out_name]
@@ -308,7 +313,7 @@ def _released(graph: Graph, releases: list[tuple[str, str]], exact: bool) -> Gra
                     release = i
                     break
             elif (needed[i] and ops[i].outputs and ops[i].type not in SHAPE_ONLY_OPS
-                  and not ops[i].attrs.get("_lms_role")):
+                  and not ops[i].attrs.get("_lms_role") and i not in merged):
                 release = i  # the next op that computes: where the simulation frees
                 break
         if release is not None and out_name not in ops[release].control_inputs:

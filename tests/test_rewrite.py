@@ -320,6 +320,31 @@ def test_swap_out_release_is_the_op_right_after_the_last_reader(pin):
     assert simulate(new, 1).peak_bytes == 32 + 4000 + 32 + 32  # x, c, d, e: a is gone
 
 
+def test_a_pinned_release_is_never_an_op_onednn_merges():
+    """The release skips a bias gradient and its filter gradient (``Graph.siblings``).
+
+    Waiting for a swap-out, the bias gradient is left out of oneDNN's merge with the filter
+    gradient and sums in another order; the next op that computes, ``d``, waits instead.
+    """
+    big, small = t("float", 1, 1000), t("float", 1, 8)
+    g = Graph((
+        Op("x", "Placeholder", outputs=small),
+        Op("a", "MatMul", inputs=("x:0", "x:0"), outputs=big),
+        Op("r", "MatMul", inputs=("a:0", "x:0"), outputs=small),  # a's last near reader
+        Op("bg", "BiasAddGrad", inputs=("r:0",), outputs=t("float", 8)),
+        Op("fg", "Conv2DBackpropFilter", inputs=("x:0", "x:0", "r:0"), outputs=small),
+        Op("d", "MatMul", inputs=("fg:0", "x:0"), outputs=small),
+        Op("e", "MatMul", inputs=("d:0", "bg:0"), outputs=small),
+        Op("f", "MatMul", inputs=("e:0", "a:0"), outputs=small),
+    ), "merged release")
+    assert set(g.siblings) == {g.index["bg"], g.index["fg"]}
+    plan = Plan(fingerprint(g), swaps=(Swap("a:0", (SwapIn(("f",), "e"),)),),
+                pin_schedule=True)
+    new = rewrite(g, plan).graph
+    waits = [op.name for op in new.ops if "lms/swapout_a_0" in op.control_inputs]
+    assert waits == ["d"]
+
+
 def test_readers_the_step_prunes_are_never_swap_candidates():
     """A swap-in for a reader that never runs would move bytes for nothing."""
     g = _pruned_reader_step(
