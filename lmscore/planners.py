@@ -348,9 +348,6 @@ def solve(
     -------
     Solution
     """
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import coo_array
-
     n = len(live)
     if n == 0 or int(live.max()) <= budget:
         return Solution((), True, 0.0, 0, 0, "fits as it is")
@@ -365,50 +362,91 @@ def solve(
     cuts = [c for c in cuts if 0 <= c <= n]
     seg_max = np.maximum.reduceat(live, cuts[:-1])
     seg_index = {c: k for k, c in enumerate(cuts)}
-    over = _dominant(seg_max, budget, seg_index, opts)
-    row_of = np.full(len(cuts) - 1, -1)
-    row_of[over] = np.arange(len(over))
-    # each row in units of its own excess (bytes run to 1e10 and HiGHS scales poorly)
-    excess = (seg_max[over] - budget).astype(float)
+    k = len(seg_max)  # segments: every option frees its buffer over a run of them
+    first = np.array([seg_index[o.lo] for o in opts])
+    end = np.array([seg_index[o.hi + 1] for o in opts])
+    nbytes = np.array([o.bytes for o in opts], dtype=np.int64)
+    # bytes in units of the largest live value (HiGHS scales poorly at 1e10)
+    unit = float(max(int(live.max()), 1))
+    over = seg_max > budget
+    swaps = np.array([o.kind == "swap" for o in opts])
+    host_hot = np.zeros(k, dtype=bool)
+    if host_limit is not None and swaps.any():
+        # what all swaps could hold on the host per segment; bounded only where that is over
+        held = np.zeros(k + 1, dtype=np.int64)
+        np.add.at(held, first[swaps], nbytes[swaps])
+        np.add.at(held, end[swaps], -nbytes[swaps])
+        host_hot = np.cumsum(held)[:-1] > host_limit
+    chosen, message, rows = (), "", 0
+    for margin in MARGINS:
+        res, rows = _milp(opts, first, end, nbytes / unit, swaps if host_hot.any() else None,
+                          np.maximum(seg_max - budget, nbytes.min() / 2) / unit + margin,
+                          over, host_hot, (host_limit or 0) / unit - margin, time_limit)
+        message = str(res.message)
+        if res.x is None:
+            return Solution((), False, 0.0, rows, len(opts), message, int(host_hot.sum()))
+        pick = res.x[:len(opts)] > 0.5
+        # checked in bytes: the tolerances of HiGHS are in units
+        freed = np.zeros(k + 1, dtype=np.int64)
+        np.add.at(freed, first[pick], nbytes[pick])
+        np.add.at(freed, end[pick], -nbytes[pick])
+        ok = bool((seg_max - np.cumsum(freed)[:-1] <= budget).all())
+        if host_hot.any():
+            on = pick & swaps
+            held = np.zeros(k + 1, dtype=np.int64)
+            np.add.at(held, first[on], nbytes[on])
+            np.add.at(held, end[on], -nbytes[on])
+            ok = ok and bool((np.cumsum(held)[:-1][host_hot] <= host_limit).all())
+        chosen = tuple(o for o, x in zip(opts, pick, strict=True) if x)
+        if ok:
+            return Solution(chosen, True, float(sum(o.seconds for o in chosen)), rows,
+                            len(opts), message, int(host_hot.sum()))
+    return Solution((), False, 0.0, rows, len(opts),
+                    f"{message}; its choice is over budget by rounding", int(host_hot.sum()))
+
+
+#: Margins (in units of the largest live value) by which the MILP's bounds must be met:
+#: the next is tried when a choice meets them within HiGHS' tolerances but not in bytes.
+MARGINS = (0.0, 1e-6, 1e-4)
+
+
+def _milp(opts, first, end, size, swaps, need, over, host_hot, host_cap, time_limit):
+    """HiGHS on the per-option problem; returns its result and the number of rows.
+
+    Columns: a binary per option, then per segment what the chosen options free there (F)
+    and, with ``swaps``, what the chosen swaps hold on the host (H). A chain of equality
+    rows defines them, F[s] = F[s-1] + the options starting at s - those ending before s,
+    so each option has two nonzeros, where a row per segment summing every option alive
+    over it had one per segment it spans (ResNet-50 at batch 706: 60,246 nonzeros in 479
+    rows, 4-11x slower). F is bounded below by ``need`` where the step is ``over`` budget
+    (the excess; at least half the smallest option, which any choice that frees the
+    segment at all exceeds), H above by ``host_cap`` where ``host_hot``.
+    """
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_array
+
+    m, k = len(opts), len(need)
+    chains = [(np.ones(m, dtype=bool), m)]
+    if swaps is not None:
+        chains.append((swaps, m + k))
     rows, cols, vals = [], [], []
-    for j, o in enumerate(opts):
-        segs = np.arange(seg_index[o.lo], seg_index[o.hi + 1])
-        r = row_of[segs]
-        r = r[r >= 0]
-        rows.append(r)
-        cols.append(np.full(len(r), j))
-        vals.append(o.bytes / excess[r])
-    m = len(over)
-    constraints = []
-    if m:
-        a = coo_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-                      shape=(m, len(opts))).tocsr()
-        constraints.append(LinearConstraint(a, 1.0, np.inf))
-    swaps = [j for j, o in enumerate(opts) if o.kind == "swap"]
-    host_rows = 0
-    if host_limit is not None and swaps:
-        # what all swaps could hold on the host per segment; rows only where that is over
-        held = np.zeros(len(cuts), dtype=np.int64)
-        for j in swaps:
-            held[seg_index[opts[j].lo]] += opts[j].bytes
-            held[seg_index[opts[j].hi + 1]] -= opts[j].bytes
-        hot = np.flatnonzero(np.cumsum(held)[:-1] > host_limit)
-        if len(hot):
-            host_row = np.full(len(cuts) - 1, -1)
-            host_row[hot] = np.arange(len(hot))
-            r, c = [], []
-            for j in swaps:
-                k = host_row[seg_index[opts[j].lo]:seg_index[opts[j].hi + 1]]
-                k = k[k >= 0]
-                r.append(k)
-                c.append(np.full(len(k), j))
-            r, c = np.concatenate(r), np.concatenate(c)
-            unit = max(host_limit, 1)
-            a = coo_array((np.asarray([opts[j].bytes / unit for j in c]), (r, c)),
-                          shape=(len(hot), len(opts))).tocsr()
-            constraints.append(LinearConstraint(a, -np.inf, host_limit / unit))
-            m += len(hot)
-            host_rows = len(hot)
+    for r0, (members, col0) in enumerate(chains):
+        seg = np.arange(k)
+        rows += [r0 * k + seg, r0 * k + seg[1:]]
+        cols += [col0 + seg, col0 + seg[1:] - 1]
+        vals += [np.ones(k), -np.ones(k - 1)]
+        js = np.flatnonzero(members)
+        rows.append(r0 * k + first[js])
+        cols.append(js)
+        vals.append(-size[js])
+        ends = js[end[js] < k]
+        rows.append(r0 * k + end[ends])
+        cols.append(ends)
+        vals.append(size[ends])
+    n_cols = m + k * len(chains)
+    a = coo_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                  shape=(k * len(chains), n_cols)).tocsr()
+    constraints = [LinearConstraint(a, 0.0, 0.0)]
     # at most one option per idle stretch of a buffer (its options share ``lo``); two
     # stretches of one buffer only by swaps (_exclusive); a recomputation's inputs stay
     # on the device
@@ -422,62 +460,34 @@ def solve(
         for t in o.keeps:
             # the clones read the original tensor: an option that frees it before them
             # (even one whose swap-in is back by then) would keep the original alive
-            for k in by_buffer.get(t, ()):
-                if opts[k].lo <= o.hi + 1:
-                    pairs.append([j, k])
+            for i in by_buffer.get(t, ()):
+                if opts[i].lo <= o.hi + 1:
+                    pairs.append([j, i])
     if pairs:
-        r = np.concatenate([np.full(len(p), k) for k, p in enumerate(pairs)])
+        r = np.concatenate([np.full(len(p), i) for i, p in enumerate(pairs)])
         c = np.concatenate([np.asarray(p) for p in pairs])
-        a = coo_array((np.ones(len(c)), (r, c)), shape=(len(pairs), len(opts))).tocsr()
-        constraints.append(LinearConstraint(a, -np.inf, 1.0))
+        constraints.append(LinearConstraint(
+            coo_array((np.ones(len(c)), (r, c)), shape=(len(pairs), n_cols)).tocsr(),
+            -np.inf, 1.0))
+    lower = np.zeros(n_cols)
+    upper = np.full(n_cols, np.inf)
+    upper[:m] = 1.0
+    lower[m:m + k] = np.where(over, need, 0.0)
+    if swaps is not None:
+        upper[m + k:] = np.where(host_hot, host_cap, np.inf)
     # seconds first; among equals, fewer bytes moved or recomputed
     # (in milliseconds: HiGHS takes costs near 1 best)
-    total = sum(o.bytes for o in opts) or 1
-    cost = np.array([1e3 * o.seconds + 1e-3 * o.bytes / total for o in opts])
+    total = float(size.sum()) or 1.0
+    cost = np.zeros(n_cols)
+    cost[:m] = [1e3 * o.seconds for o in opts]
+    cost[:m] += 1e-3 * size / total
+    integrality = np.zeros(n_cols)
+    integrality[:m] = 1
     with native_output_silenced(1):  # HiGHS' MIP solver prints a stray line to stdout
-        res = milp(cost, constraints=constraints, integrality=np.ones(len(opts)),
-                   bounds=Bounds(0, 1),
+        res = milp(cost, constraints=constraints, integrality=integrality,
+                   bounds=Bounds(lower, upper),
                    options={"time_limit": time_limit, "mip_rel_gap": 1e-3})
-    if res.x is None:
-        return Solution((), False, 0.0, m + len(pairs), len(opts), str(res.message),
-                        host_rows)
-    chosen = tuple(o for o, x in zip(opts, res.x, strict=True) if x > 0.5)
-    return Solution(chosen, True, float(sum(o.seconds for o in chosen)), m + len(pairs),
-                    len(opts), str(res.message), host_rows)
-
-
-def _dominant(seg_max: np.ndarray, budget: int, seg_index: Mapping[int, int],
-              opts: Sequence[Option]) -> np.ndarray:
-    """The segments over ``budget`` whose memory rows no other row implies, in order.
-
-    ``seg_index`` maps each cut (a position where a segment starts, or the end) to its
-    index; every option starts and ends at a cut. A segment's row asks the options alive
-    over it to free its excess. Where no option ends between two segments, the later one
-    has every option of the earlier one (and maybe more): if its excess is no larger, the
-    earlier row implies it. Likewise backwards where no option starts. Dropping implied
-    rows leaves the MILP's solutions as they are: about 40% of the memory rows (ResNet-50
-    at batch 706 on a V100: 795 -> 478; the 28k-op DenseNet at 992: 1,190 -> 708).
-    """
-    k = len(seg_max)
-    starts = np.zeros(k + 1, dtype=bool)
-    ends = np.zeros(k + 1, dtype=bool)
-    for o in opts:
-        starts[seg_index[o.lo]] = True
-        ends[seg_index[o.hi + 1]] = True
-    keep = seg_max > budget
-    for segs, cut_of, resets in ((range(k), lambda j: j, ends),
-                                 (range(k - 1, -1, -1), lambda j: j + 1, starts)):
-        best = -1  # largest excess kept since an option last ended (or, backwards, began)
-        for j in segs:
-            if resets[cut_of(j)]:
-                best = -1
-            if not keep[j]:
-                continue
-            if seg_max[j] <= best:
-                keep[j] = False
-            else:
-                best = seg_max[j]
-    return np.flatnonzero(keep)
+    return res, k * len(chains) + len(pairs)
 
 
 def _uncovered(opts: Sequence[Option], live: np.ndarray, budget: int) -> int:
@@ -537,6 +547,12 @@ def _exclusive(opts: Sequence[Option], js: Sequence[int]) -> list[list[int]]:
             swaps_at.setdefault(opts[j].lo, []).append(j)
     stretches = sorted({opts[j].lo for j in js})
     cliques = [recomputes + swaps_at.get(lo, []) for lo in stretches]
+    # stretches are the gaps between a buffer's readers and never overlap; options that
+    # claim overlapping ones would free one buffer twice
+    swaps = [j for lo in stretches for j in swaps_at.get(lo, [])]
+    cliques += [[i, j] for x, i in enumerate(swaps) for j in swaps[x + 1:]
+                if opts[i].lo != opts[j].lo and opts[i].lo <= opts[j].hi
+                and opts[j].lo <= opts[i].hi]
     return [c for c in cliques if len(c) > 1]
 
 

@@ -217,47 +217,6 @@ def test_the_quick_infeasibility_proof_agrees_with_highs(raw, live, budget):
     assert solve(opts, live, budget).feasible == full.feasible
 
 
-def test_implied_memory_rows_are_dropped_exactly():
-    # options a over positions 0-3, b over 2-3; live by position 9 9 8 12 (budget 5):
-    # segments [0,2) and [2,4). Forwards, no option ends at 2 and segment 1's excess (7)
-    # is larger: kept. Backwards, b starts at 2: segment 0 is not implied either.
-    a, b = _option("a", 0, 3, 10, 1.0), _option("b", 2, 3, 10, 1.0)
-    seg_max, at = np.array([9, 12]), {0: 0, 2: 1, 4: 2}  # cut -> its index
-    assert planners._dominant(seg_max, 5, at, [a, b]).tolist() == [0, 1]
-    # 12 then 9: segment 1 has a's and b's bytes for a smaller excess: implied by segment 0
-    assert planners._dominant(np.array([12, 9]), 5, at, [a, b]).tolist() == [0]
-    # a alone over both: the row of the larger excess implies the other, whichever is first
-    assert planners._dominant(np.array([9, 10]), 5, at, [a]).tolist() == [1]
-    assert planners._dominant(np.array([10, 9]), 5, at, [a]).tolist() == [0]
-    # with b ending at 1 instead, segment 1 loses b: no longer implied
-    b1 = _option("b", 0, 1, 10, 1.0)
-    assert planners._dominant(np.array([12, 9]), 5, at, [a, b1]).tolist() == [0, 1]
-
-
-@settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 7), st.integers(1, 6)),
-                min_size=1, max_size=8),
-       st.lists(st.integers(0, 20), min_size=9, max_size=9), st.integers(0, 12))
-def test_the_memory_rows_solve_keeps_imply_every_row(raw, live, budget):
-    opts = [_option(f"t{k}", lo, min(8, lo + span), nbytes, 0.1)
-            for k, (lo, span, nbytes) in enumerate(raw)]
-    live = np.array(live)
-    cuts = sorted({0, 9, *(o.lo for o in opts), *(o.hi + 1 for o in opts)})
-    seg_max = np.maximum.reduceat(live, cuts[:-1])
-    at = {c: j for j, c in enumerate(cuts)}
-    kept = set(planners._dominant(seg_max, budget, at, opts).tolist())
-    over = set(np.flatnonzero(seg_max > budget).tolist())
-    assert kept <= over
-
-    for mask in range(2 ** len(opts)):  # every choice of options
-        def freed(j, mask=mask):  # what the chosen options free over segment j
-            return sum(o.bytes for k, o in enumerate(opts)
-                       if mask >> k & 1 and o.lo <= cuts[j] and cuts[j + 1] - 1 <= o.hi)
-
-        if all(seg_max[j] - freed(j) <= budget for j in kept):
-            assert all(seg_max[j] - freed(j) <= budget for j in over)
-
-
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 1), st.sampled_from([0, 3, 6]), st.integers(1, 2),
                           st.integers(1, 9), st.booleans(), st.integers(1, 9)),
