@@ -16,13 +16,14 @@ costs predicted seconds: the copies' stalls on the link, or the clones' compute 
 binary variable per option; at most one option per idle stretch of a buffer, and several
 stretches of one buffer only by swaps (a swap-in per stretch); a recompute's inputs kept
 alive (no option of theirs frees them before the clones run, since the clones read the
-original tensors); and one memory row per segment of the schedule between option
-boundaries where the step is over budget: what the chosen options free there must cover
-the excess. Where even all options at once leave a position over budget, no MILP is
-solved. The objective is the predicted seconds, and
-``scipy.optimize.milp`` (HiGHS) solves it. A Checkmate-style matrix with a variable per
-tensor and per step does not scale (no solution within 400 s at 353 nodes); this one has a
-variable per option and a row per over-budget segment.
+original tensors); and, per segment of the schedule between option boundaries, what
+the chosen options free there, which must cover the excess where the step is over budget
+(a continuous column, defined by a chain of rows from the previous segment's: each
+option enters two rows, where it starts and where it ends). Where even all options at once
+leave a position over budget, no MILP is solved. The objective is the predicted seconds,
+and ``scipy.optimize.milp`` (HiGHS) solves it. A Checkmate-style matrix with a variable
+per tensor and per step does not scale (no solution within 400 s at 353 nodes); this one
+has a variable per option and two per segment.
 
 The MILP is a model: it ignores the clones' intermediate buffers, contention on the link
 and how triggers land in the rewritten schedule. So its plan is rewritten and simulated in
