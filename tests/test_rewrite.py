@@ -345,6 +345,35 @@ def test_a_pinned_release_is_never_an_op_onednn_merges():
     assert waits == ["d"]
 
 
+def test_a_pinned_release_may_be_a_swap_in():
+    """A swap-in that would run right after the swapped tensor waits for its swap-out.
+
+    ``a`` (4000 B, one port) triggers ``b``'s swap-in and is read again only by ``g``,
+    late. When ``a`` ends, ``b``'s swap-in and ``a``'s swap-out are both ready and the
+    swap-in comes first: released at the next op that computes besides swap-ins (``f``),
+    ``a`` and ``b``'s swap-in were both on the device (ResNet-50's conv1 batch-norm
+    gradient at batch 1,232: 1.6 GiB over a plan its model fitted).
+    """
+    big, small = t("float", 1, 1000), t("float", 1, 8)
+    g = Graph((
+        Op("x", "Placeholder", outputs=small),
+        Op("b", "MatMul", inputs=("x:0", "x:0"), outputs=big),
+        Op("c", "MatMul", inputs=("b:0", "x:0"), outputs=small),
+        Op("a", "Unpack", inputs=("c:0",), outputs=big + small),
+        Op("f", "MatMul", inputs=("a:1", "b:0"), outputs=small),
+        Op("g", "MatMul", inputs=("f:0", "a:0"), outputs=small),
+    ), "release at a swap-in")
+    plan = Plan(fingerprint(g), swaps=(Swap("b:0", (SwapIn(("f",), "a"),)),
+                                       Swap("a:0", (SwapIn(("g",), "f"),))), pin_schedule=True)
+    new = rewrite(g, plan).graph
+    assert "lms/swapout_a_0" in new.op("lms/swapin_b_0_0").control_inputs
+    assert "lms/swapout_a_0" not in new.op("f").control_inputs
+    assert [new.ops[i].name for i in lmscore.order(new).schedule] == [
+        "x", "b", "c", "lms/swapout_b_0", "a", "lms/swapout_a_0", "lms/swapin_b_0_0", "f",
+        "lms/swapin_a_0_0", "g"]
+    assert simulate(new, 1).peak_bytes == 32 + 4000 + 32 + 32  # x, b's swap-in, c, a:1
+
+
 def test_readers_the_step_prunes_are_never_swap_candidates():
     """A swap-in for a reader that never runs would move bytes for nothing."""
     g = _pruned_reader_step(
