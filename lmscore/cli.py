@@ -814,15 +814,15 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         report["batch_size"] = batch
         if args.max_batch:  # how many batches it tries is not known: the bar pulses
             tried: dict = {}
-            without, with_rw = max_batch(graph, budget, strategy=args.strategy,
-                                         progress=lambda f, m: bar(None, f"largest batch: {m}"),
-                                         tuned=tried, **opts)
             bar(None, "the batch no plan can pass")
-            report["max_batch_without"] = without
-            report["max_batch_with"] = with_rw
             report["max_batch_bound"], report["max_batch_bound_op"] = bound_batch(
                 graph, budget, device=args.device, safety=args.safety,
                 workspace=args.workspace)
+            without, with_rw = max_batch(graph, budget, strategy=args.strategy,
+                                         progress=lambda f, m: bar(None, f"largest batch: {m}"),
+                                         tuned=tried, bound=report["max_batch_bound"], **opts)
+            report["max_batch_without"] = without
+            report["max_batch_with"] = with_rw
             # what stops the next batch: the device, or the host memory the swaps need
             nxt = tried.get(with_rw + 1) or (
                 None if with_rw >= report["max_batch_bound"]

@@ -1078,18 +1078,29 @@ def max_batch(
     rewrite_plans: bool = True,
     limit: int = 1 << 16,
     tuned: dict[int, TuneResult] | None = None,
+    bound: int | None = None,
     **tune_kwargs,
 ) -> tuple[int, int]:
     """Largest batch that fits without rewriting, and with the tuned rewrite.
 
     Both are found by doubling then bisection (fitting is monotone in the batch size).
-    Returns ``(without, with)``; 0 when not even batch 1 fits. ``tuned``, when given, gets
-    the tuner's result at every batch tried with the rewrite (the one after the largest
-    says what stops it: :attr:`TuneResult.limited_by`).
+    Without rewriting, a batch fits when its simulated step does (:func:`lmscore.memory.fits`,
+    what :func:`tune` checks before it plans anything). Returns ``(without, with)``; 0 when
+    not even batch 1 fits. ``tuned``, when given, gets the tuner's result at every batch
+    tried with the rewrite (the one after the largest says what stops it:
+    :attr:`TuneResult.limited_by`). ``bound``, when given, is :func:`bound_batch`'s: no
+    plan fits a larger batch, so none is tried, and the bound is tried first (where the
+    plans reach it, that one try is the whole search).
     """
+    memory = DEVICES[preset(tune_kwargs.get("device", "V100"), DEVICES, "device")].memory_bytes \
+        if budget_bytes is None else budget_bytes
+    preset(tune_kwargs.get("link", "pcie3"), LINKS, "link")  # refused here, not mid-search
+    safety = tune_kwargs.get("safety", 0.9)
+    workspace = tune_kwargs.get("workspace", "accelerator")
+
     def fits_plain(b: int) -> bool:
-        r = tune(graph, b, budget_bytes, **{**tune_kwargs, "strategy": "tflms"})
-        return r.fits and not r.plan.swaps
+        return fits(simulate(graph, b, sizes=resolve(graph, b), workspace=workspace), memory,
+                    safety)
 
     def fits_tuned(b: int) -> bool:
         if tune_kwargs.get("strategy", "hybrid") in ("hybrid", "default"):
@@ -1104,7 +1115,15 @@ def max_batch(
         return r.fits
 
     without = _max_true(fits_plain, limit)
-    with_rewrite = _max_true(fits_tuned, limit, start=max(without, 1)) if rewrite_plans else 0
+    if not rewrite_plans:
+        return without, without
+    top = limit
+    if bound is not None and min(limit, bound) > without:
+        top = min(limit, bound)
+        if fits_tuned(top):
+            return without, top
+        top -= 1
+    with_rewrite = _max_true(fits_tuned, top, start=max(without, 1))
     return without, max(with_rewrite, without)
 
 

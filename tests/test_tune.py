@@ -18,7 +18,7 @@ from lmscore.memory import simulate
 from lmscore.planners import options
 from lmscore.rewrite import rewrite
 from lmscore.shapes import resolve
-from lmscore.tune import DEVICES, max_batch, op_seconds, tune
+from lmscore.tune import DEVICES, bound_batch, max_batch, op_seconds, tune
 from lmscore.units import parse_bytes
 
 
@@ -132,6 +132,27 @@ def test_max_batch_monotone_on_the_tiny_graph():
     g = long_edge()  # no batch dimension: every batch size costs the same
     without, with_rw = max_batch(g, 10_000, safety=1.0, limit=64)
     assert without == with_rw == 64
+
+
+def test_max_batch_is_the_tuners_answer_and_the_bound_only_saves_tries():
+    """Without rewriting, the largest batch whose step ``tune`` leaves unswapped; with the
+    bound given, the same two batches, the bound tried first."""
+    import lmscore
+    from lmscore.samples import sample_dir
+
+    g = lmscore.load(sample_dir() / "mlp.pb")
+    budget = 2**26
+    without, with_rw = max_batch(g, budget, link="nvlink2")
+    for b, fits_plain in ((without, True), (without + 1, False)):
+        r = tune(g, b, budget, strategy="tflms", link="nvlink2")
+        assert (r.fits and not r.plan.swaps) == fits_plain
+    assert tune(g, with_rw, budget, link="nvlink2").fits
+    assert not tune(g, with_rw + 1, budget, link="nvlink2").fits
+    bound, _ = bound_batch(g, budget)
+    tried: dict = {}
+    assert max_batch(g, budget, link="nvlink2", bound=bound, tuned=tried) == (without, with_rw)
+    assert max(tried, default=0) <= bound
+    assert max_batch(g, budget, rewrite_plans=False) == (without, without)
 
 
 def test_tune_cli_json_contract(tmp_path):
