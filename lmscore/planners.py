@@ -124,6 +124,7 @@ def options(
     kinds: Sequence[str] = ("swap", "recompute"),
     max_gaps: int = MAX_GAPS,
     swappable: Sequence[Candidate] | None = None,
+    made: dict | None = None,
 ) -> tuple[Option, ...]:
     """The options of every large idle buffer of ``base`` (see the module docstring).
 
@@ -144,6 +145,9 @@ def options(
     swappable : sequence of Candidate, optional
         What :func:`lmscore.plan.candidates` gives ``graph`` at threshold 0 with the
         default predicates and ``exact=False``, when the caller has it already.
+    made : dict, optional
+        The options of each idle stretch made by an earlier call for the same step, filled
+        in by this one: widening to :data:`WIDE_GAPS` then makes only the stretches it adds.
 
     Returns
     -------
@@ -173,10 +177,18 @@ def options(
         # the longest idle stretches (a gradient read early and again by a late sum has
         # two): an option frees the buffer over one, for all the readers after it
         for k in np.argsort(-gaps, kind="stable")[:max_gaps]:
-            if gaps[k] >= MIN_GAP:
-                out.extend(_buffer_options(graph, ordering, b, marks[k], marks[k + 1],
-                                           readers, alive, by_tensor, elapsed, start,
-                                           seconds, link_bandwidth, kinds))
+            if gaps[k] < MIN_GAP:
+                continue
+            key = (b.tensor, int(marks[k]), int(marks[k + 1]), tuple(kinds))
+            if made is None or key not in made:
+                opts = _buffer_options(graph, ordering, b, marks[k], marks[k + 1], readers,
+                                       alive, by_tensor, elapsed, start, seconds,
+                                       link_bandwidth, kinds)
+                if made is None:
+                    out.extend(opts)
+                    continue
+                made[key] = opts
+            out.extend(made[key])
     return tuple(out)
 
 

@@ -283,6 +283,8 @@ class _Context:
     options: tuple | None = None
     # the same over lmscore.planners.WIDE_GAPS idle stretches per buffer, made on first need
     wide_options: tuple | None = None
+    # the options of each idle stretch (lmscore.planners.options' ``made``)
+    stretches: dict = field(default_factory=dict)
     # host memory the swapped tensors may hold (lmscore.memory.host_memory_limit)
     host_limit: int | None = None
     safety: float = 1.0
@@ -913,7 +915,7 @@ def _solve_and_check(strategy, graph, batch, ctx, schedule, budget, memory, safe
     step = ctx.graph  # the original, or the original in ``schedule``'s order
     if ctx.options is None:  # the options of one kind do not depend on the other's
         ctx.options = options(step, ctx.sizes, ctx.base, ctx.seconds, ctx.link,
-                              swappable=ctx.swappable)
+                              swappable=ctx.swappable, made=ctx.stretches)
     opts = [o for o in ctx.options if o.kind in STRATEGIES[strategy]]
     live = _live(ctx, ctx.alloc, ctx.free)
     target = budget - ctx.base.race_bytes
@@ -933,7 +935,7 @@ def _solve_and_check(strategy, graph, batch, ctx, schedule, budget, memory, safe
             if ctx.wide_options is None:
                 ctx.wide_options = options(step, ctx.sizes, ctx.base, ctx.seconds,
                                            ctx.link, max_gaps=WIDE_GAPS,
-                                           swappable=ctx.swappable)
+                                           swappable=ctx.swappable, made=ctx.stretches)
             opts = [o for o in ctx.wide_options if o.kind in STRATEGIES[strategy]]
             sol = solve(opts, live, target, host_limit=ctx.host_limit)
             ctx.evaluations += 1

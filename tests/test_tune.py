@@ -294,6 +294,13 @@ def test_a_buffer_idle_four_times_gets_options_over_all_four_when_three_do_not_c
     assert spans == [(2, 5), (7, 10), (12, 15)]  # the three longest (a tie: the first)
     assert [(o.lo, o.hi) for o in options(g, sizes, base, seconds, 12e9, ("swap",),
                                           max_gaps=4)] == [*spans, (17, 20)]
+    # widening with the stretches made already makes only the fourth, in the same order
+    made: dict = {}
+    narrow = options(g, sizes, base, seconds, 12e9, ("swap",), made=made)
+    assert [(o.lo, o.hi) for o in narrow] == spans and len(made) == 3
+    wide = options(g, sizes, base, seconds, 12e9, ("swap",), max_gaps=4, made=made)
+    assert wide == options(g, sizes, base, seconds, 12e9, ("swap",), max_gaps=4)
+    assert len(made) == 4 and wide[:3] == narrow
     # a must be off the device beside every b_k: one swap-out, a swap-in per stretch
     r = tune(g, 1, 4128, safety=1.0, strategy="swap", host_memory=10**9)
     assert r.fits and r.predicted_peak_bytes == 32 + 4000 + 32 + 32
