@@ -521,6 +521,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
               "simulator's; that order is drawn anew in each session")
     print(f"  losses {', '.join(f'{v:.6g}' for v in report['losses'])}; "
           f"finite: {'yes' if report['finite'] else 'NO'}")
+    if result.diverged:
+        print(f"  the loss diverged on the synthetic data: {result.divergence}")
     return 0
 
 

@@ -63,6 +63,9 @@ class Validation:
     replayed_ratio : float
         ``replayed_peak_bytes / measured_peak_bytes``: the memory model's accuracy with
         the session's order taken out.
+    divergence : str
+        Empty when the losses behave; otherwise why they do not (:func:`divergence`): the
+        synthetic data make training blow up, which the peaks do not show.
     """
 
     batch_size: int
@@ -80,11 +83,18 @@ class Validation:
     kernel_library: str = ""
     replayed_peak_bytes: int = 0
     replayed_ratio: float = math.nan
+    divergence: str = ""
+
+    @property
+    def diverged(self) -> bool:
+        """Whether the synthetic data made the loss diverge (:attr:`divergence`)."""
+        return bool(self.divergence)
 
     def as_dict(self) -> dict[str, Any]:
         """The ``lms validate --json`` object."""
         d = asdict(self)
         d["losses"] = list(self.losses)
+        d["diverged"] = self.diverged
         return d
 
 
@@ -147,6 +157,7 @@ def validate(graph: Graph, batch_size: int, *, steps: int = 2, seed: int = 0,
         kernel_library=library,
         replayed_peak_bytes=replay.peak_bytes,
         replayed_ratio=replay.peak_bytes / measured_total if measured_total else float("inf"),
+        divergence=divergence(m.losses, m.finite),
     )
 
 

@@ -40,6 +40,7 @@ def test_simulated_peak_matches_measured(sample):
     assert abs(v.transient_ratio - 1) <= TOLERANCE, v
     assert abs(v.ratio - 1) <= TOLERANCE, v
     assert abs(v.replayed_ratio - 1) <= TOLERANCE, v
+    assert not v.diverged, v.divergence
 
 
 def test_validate_cli_json_contract():
@@ -53,3 +54,31 @@ def test_validate_cli_json_contract():
         assert key in report
     assert report["measured_peak_bytes"] > 0
     assert report["batch_size"] == 32
+    assert report["diverged"] is False and report["divergence"] == ""
+
+
+def test_a_step_that_blows_up_on_the_synthetic_data_is_reported(tmp_path, capsys):
+    """A quadratic loss under gradient descent with a huge step: it grows every step,
+    whatever values the synthetic data take (a zero weight matrix aside)."""
+    import tensorflow as tf
+
+    from lmscore import cli
+    from lmscore.tfgraph import graphdef_from_concrete_function
+
+    w = tf.Variable(tf.ones((8, 8)))
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            value = tf.reduce_mean(tf.square(x @ w))
+        w.assign_sub(50.0 * tape.gradient(value, w))
+        return value
+
+    cf = tf.function(step).get_concrete_function(tf.TensorSpec((None, 8)))
+    path = tmp_path / "blows_up.pb"
+    path.write_bytes(graphdef_from_concrete_function(cf))
+    v = validate(lmscore.load(path), 4, steps=3)
+    assert v.finite and v.diverged
+    assert v.divergence.startswith("the loss grew from ")
+    assert cli.main(["validate", str(path), "--batch-size", "4", "--steps", "3"]) == 0
+    assert "the loss diverged on the synthetic data: the loss grew from" in \
+        capsys.readouterr().out
