@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import inspect
 import math
 from bisect import bisect_right
 from collections.abc import Callable
@@ -1094,11 +1095,13 @@ def max_batch(
     plan fits a larger batch, so none is tried, and the bound is tried first (where the
     plans reach it, that one try is the whole search).
     """
-    memory = DEVICES[preset(tune_kwargs.get("device", "V100"), DEVICES, "device")].memory_bytes \
-        if budget_bytes is None else budget_bytes
-    preset(tune_kwargs.get("link", "pcie3"), LINKS, "link")  # refused here, not mid-search
-    safety = tune_kwargs.get("safety", 0.9)
-    workspace = tune_kwargs.get("workspace", "accelerator")
+    # tune's own defaults, for what is not given
+    opts = {k: p.default for k, p in inspect.signature(tune).parameters.items()
+            if p.kind is p.KEYWORD_ONLY} | tune_kwargs
+    device = preset(opts["device"], DEVICES, "device")
+    preset(opts["link"], LINKS, "link")  # refused here, not mid-search
+    memory = DEVICES[device].memory_bytes if budget_bytes is None else budget_bytes
+    safety, workspace = opts["safety"], opts["workspace"]
 
     def fits_plain(b: int) -> bool:
         return fits(simulate(graph, b, sizes=resolve(graph, b), workspace=workspace), memory,
