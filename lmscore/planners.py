@@ -180,15 +180,14 @@ def options(
             if gaps[k] < MIN_GAP:
                 continue
             key = (b.tensor, int(marks[k]), int(marks[k + 1]), tuple(kinds))
-            if made is None or key not in made:
+            opts = None if made is None else made.get(key)
+            if opts is None:
                 opts = _buffer_options(graph, ordering, b, marks[k], marks[k + 1], readers,
                                        alive, by_tensor, elapsed, start, seconds,
                                        link_bandwidth, kinds)
-                if made is None:
-                    out.extend(opts)
-                    continue
-                made[key] = opts
-            out.extend(made[key])
+                if made is not None:
+                    made[key] = opts
+            out.extend(opts)
     return tuple(out)
 
 

@@ -274,10 +274,11 @@ def _released(graph: Graph, releases: list[tuple[str, str]], exact: bool) -> Gra
     that the step needs (TensorFlow prunes the others) and, with ``exact``, whose control
     input changes nothing Grappler does (:func:`lmscore.plan.control_safe`: a Shape may be
     folded, a Sigmoid not fused); without it (pinned plans, which promise a peak) the next
-    op that computes, but not one TensorFlow may merge with another
-    (:attr:`lmscore.ir.Graph.siblings`): waiting for a swap-out, a bias gradient is left
-    out of oneDNN's merge with its filter gradient and sums in another order (a tuned plan
-    of a small CNN: one bias 2.3e-9 apart after 3 steps, Grappler on or off). It may come
+    op that allocates on the device, a swap-in included, but not one TensorFlow may merge
+    with another (:attr:`lmscore.ir.Graph.siblings`): waiting for a swap-out, a bias
+    gradient is left out of oneDNN's merge with its filter gradient and sums in another
+    order (a tuned plan of a small CNN: one bias 2.3e-9 apart after 3 steps, Grappler on or
+    off). It may come
     before the swap-out in that order (both were ready when ``p`` ended, and the executor
     took it first): the swap-out reads ``p`` alone, so no op after ``p``'s last reader is
     among its ancestors, and no release edge closes a cycle (each goes forward in the order

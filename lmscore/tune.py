@@ -1108,7 +1108,7 @@ def max_batch(
                     safety)
 
     def fits_tuned(b: int) -> bool:
-        if tune_kwargs.get("strategy", "hybrid") in ("hybrid", "default"):
+        if opts["strategy"] in ("hybrid", "default"):
             # hybrid weighs the swap plan among its candidates: where that fits, hybrid
             # does, and the swap planner alone takes a third of the time
             quick = tune(graph, b, budget_bytes, **{**tune_kwargs, "strategy": "swap"})
