@@ -115,9 +115,9 @@ def test_tuned_plan_fits_where_it_runs(name: str, batch: int, fraction: float) -
         _FITTED.append(f"{name}:{fraction}")
 
 
-#: Bundled samples, at their own batch sizes (sample_graphs/samples.json): the MLP, the
-#: LSTM and VGG-16 have no plan at 60% (one op's working set, the loop's), and the 3-D
-#: U-Net none under Eigen's im2col buffers; the others are measured with both libraries.
+#: Bundled samples, at their own batch sizes (sample_graphs/samples.json). At 60% `tune`
+#: refuses the MLP, the LSTM and VGG-16, and the 3-D U-Net under Eigen's kernels (their
+#: im2col buffers); the others are measured with both kernel libraries.
 SAMPLE_CASES = [("bert", 0.6), ("resnet50", 0.4), ("unet3d", 0.6)]
 
 
