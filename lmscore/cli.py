@@ -124,6 +124,15 @@ def _preset_arg(kind: str) -> Callable[[str], str]:
     return parse
 
 
+def _cores() -> int:
+    """Cores this process may run on, at most 4 (each search worker holds the graph)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform
+        n = os.cpu_count() or 1
+    return max(1, min(4, n))
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -263,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", action="store_true",
                    help="also find the largest batch that fits without and with the tuned "
                         "rewrite, and the batch no plan can pass (tunes many times)")
+    p.add_argument("--workers", type=_positive_int, default=None, metavar="N",
+                   help="with --max-batch: batches tried at once, each in a process of its "
+                        "own (default: the cores this process may use, at most 4)")
     p.add_argument("--compare-grappler", action="store_true",
                    help="also run TensorFlow's Grappler swapping and TFLMS v2 search")
     p.add_argument("--plot", default=None, metavar="OUT.html",
@@ -817,12 +829,14 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         if args.max_batch:  # how many batches it tries is not known: the bar pulses
             tried: dict = {}
             bar(None, "the batch no plan can pass")
+            workers = args.workers or _cores()
             report["max_batch_bound"], report["max_batch_bound_op"] = bound_batch(
                 graph, budget, device=args.device, safety=args.safety,
-                workspace=args.workspace)
+                workspace=args.workspace, workers=workers)
             without, with_rw = max_batch(graph, budget, strategy=args.strategy,
                                          progress=lambda f, m: bar(None, f"largest batch: {m}"),
-                                         tuned=tried, bound=report["max_batch_bound"], **opts)
+                                         tuned=tried, bound=report["max_batch_bound"],
+                                         workers=workers, **opts)
             report["max_batch_without"] = without
             report["max_batch_with"] = with_rw
             # what stops the next batch: the device, or the host memory the swaps need

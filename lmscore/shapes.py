@@ -292,6 +292,7 @@ def extend_sizes(sizes: Sizes, graph: Graph) -> Sizes:
     values = dict(sizes.values)
     data_in = graph.adjacency.data_in
     index = graph.index
+    by_op: dict[int, list[tuple[int, tuple[int, ...]]]] | None = None  # on the first clone
     for i in range(n, len(graph.ops)):
         op = graph.ops[i]
         clone_of = op.attrs.get("_lms_clone_of")
@@ -300,7 +301,11 @@ def extend_sizes(sizes: Sizes, graph: Graph) -> Sizes:
             shapes.append(shapes[src])
             nbytes.append(nbytes[src])
             unknown.extend(f"{op.name}:{k}" for k, b in enumerate(nbytes[src]) if b < 0)
-            values.update({(i, k): v for (j, k), v in sizes.values.items() if j == src})
+            if by_op is None:
+                by_op = {}
+                for (j, k), v in sizes.values.items():
+                    by_op.setdefault(j, []).append((k, v))
+            values.update({(i, k): v for k, v in by_op.get(src, ())})
             continue
         if op.type != "Identity" or len(data_in[i]) != 1:
             raise ValueError(f"{graph.source}: added op {op.name!r} is not a one-input Identity")

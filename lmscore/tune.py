@@ -38,10 +38,12 @@ import functools
 import gc
 import inspect
 import math
+import os
+import pickle
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -70,6 +72,7 @@ if TYPE_CHECKING:
 
 
 Progress = Callable[[float, str], None]
+R = TypeVar("R")
 #: Strategies of :func:`tune`, the default first.
 STRATEGY_NAMES = ("hybrid", "swap", "recompute", "knobs", "tflms")
 
@@ -529,7 +532,6 @@ def _collector_paused(fn: Callable) -> Callable:
     return run
 
 
-@_collector_paused
 def tune(
     graph: Graph,
     batch_size: int,
@@ -592,6 +594,20 @@ def tune(
     ConfigError
         For an unknown preset or strategy, or a safety outside (0, 1].
     """
+    return _tune(graph, batch_size, budget_bytes, device=device, link=link, safety=safety,
+                 strategy=strategy, workspace=workspace, progress=progress, cancel=cancel,
+                 host_memory=host_memory, profile=profile)
+
+
+@_collector_paused
+def _tune(graph, batch_size, budget_bytes, *, device, link, safety, strategy, workspace,
+          progress, cancel, host_memory, profile, first_fit: bool = False) -> TuneResult:
+    """:func:`tune`, or with ``first_fit`` the first plan found that fits.
+
+    With ``first_fit``, ``hybrid`` returns the first of its candidates that fits: its
+    ``fits`` is :func:`tune`'s, its plan not necessarily the quickest. That is what
+    :func:`max_batch` asks of each batch it tries.
+    """
     device, link = preset(device, DEVICES, "device"), preset(link, LINKS, "link")
     if strategy == "default":
         strategy = "hybrid"
@@ -635,10 +651,12 @@ def tune(
     per = _per_tensor(strategy, *args)
     if strategy == "recompute" and not per.fits:
         return _checkpointed(*args) or per
-    if strategy != "hybrid":
+    if strategy != "hybrid" or (first_fit and per.fits):
         return per
     # The knobs' plans are not among the MILP's options: they are always candidates.
     knob = _knob_search("knobs", *args, beat=per.predicted_step_seconds if per.fits else None)
+    if first_fit and knob is not None and knob.fits:
+        return replace(knob, strategy="hybrid", evaluations=ctx.evaluations)
     best = _best((per,) if knob is None else (per, knob))
     # The MILP's model errs (the clones' intermediate buffers; the link's queue, since it
     # costs each swap as if it had the link alone). Swaps alone and recomputations alone
@@ -1082,6 +1100,7 @@ def max_batch(
     limit: int = 1 << 16,
     tuned: dict[int, TuneResult] | None = None,
     bound: int | None = None,
+    workers: int = 1,
     **tune_kwargs,
 ) -> tuple[int, int]:
     """Largest batch that fits without rewriting, and with the tuned rewrite.
@@ -1089,11 +1108,16 @@ def max_batch(
     Both are found by doubling then bisection (fitting is monotone in the batch size).
     Without rewriting, a batch fits when its simulated step does (:func:`lmscore.memory.fits`,
     what :func:`tune` checks before it plans anything). Returns ``(without, with)``; 0 when
-    not even batch 1 fits. ``tuned``, when given, gets the tuner's result at every batch
-    tried with the rewrite (the one after the largest says what stops it:
-    :attr:`TuneResult.limited_by`). ``bound``, when given, is :func:`bound_batch`'s: no
-    plan fits a larger batch, so none is tried, and the bound is tried first (where the
-    plans reach it, that one try is the whole search).
+    not even batch 1 fits. Each batch tried with the rewrite is tuned until a plan fits
+    (``hybrid`` stops at its own plan where that fits, and does not weigh it against the
+    knobs' plan), so ``with`` is where :func:`tune` stops fitting.
+    ``tuned``, when given, gets the result at every batch tried with the rewrite (the
+    first plan found where one fits; :func:`tune`'s where none does, and the one after the
+    largest says what stops it: :attr:`TuneResult.limited_by`). ``bound``, when given, is
+    :func:`bound_batch`'s: no plan fits a larger batch, so none is tried, and the bound is
+    tried first (where the plans reach it, that one try is the whole search). ``workers``
+    batches are tried at once, each in a process of its own (on Linux and macOS, where
+    processes fork): a machine with that many idle cores finds the same batches sooner.
     """
     # tune's own defaults, for what is not given
     opts = {k: p.default for k, p in inspect.signature(tune).parameters.items()
@@ -1107,28 +1131,28 @@ def max_batch(
         return fits(simulate(graph, b, sizes=resolve(graph, b), workspace=workspace), memory,
                     safety)
 
-    def fits_tuned(b: int) -> bool:
-        if opts["strategy"] in ("hybrid", "default"):
-            # hybrid weighs the swap plan among its candidates: where that fits, hybrid
-            # does, and the swap planner alone takes a third of the time
-            quick = tune(graph, b, budget_bytes, **{**tune_kwargs, "strategy": "swap"})
-            if quick.fits:
-                return True
-        r = tune(graph, b, budget_bytes, **tune_kwargs)
-        if tuned is not None:
-            tuned[b] = r
-        return r.fits
-
-    without = _max_true(fits_plain, limit)
+    without = _largest_batch(fits_plain, lambda b, f: f, limit, workers=workers)[0]
     if not rewrite_plans:
         return without, without
-    top = limit
-    if bound is not None and min(limit, bound) > without:
-        top = min(limit, bound)
-        if fits_tuned(top):
-            return without, top
-        top -= 1
-    with_rewrite = _max_true(fits_tuned, top, start=max(without, 1))
+    top = limit if bound is None else min(limit, bound)
+    if top <= without:
+        return without, without
+    parent = os.getpid()
+    report = opts["progress"] or (lambda f, m: None)
+
+    def tuned_at(b: int) -> TuneResult:
+        # a forked worker reports no progress: its messages would interleave
+        quiet = {**opts, "progress": None} if os.getpid() != parent else opts
+        return _tune(graph, b, budget_bytes, **quiet, first_fit=True)
+
+    def asked(b: int) -> None:  # how many batches it tries is not known: no fraction
+        report(0.0, f"trying batch {b:,}")
+
+    with_rewrite, answers = _largest_batch(tuned_at, lambda b, r: r.fits, top, max(without, 1),
+                                           known=without > 0, top_first=bound is not None,
+                                           workers=workers, asked=asked)
+    if tuned is not None:
+        tuned.update(answers)
     return without, max(with_rewrite, without)
 
 
@@ -1140,12 +1164,14 @@ def bound_batch(
     safety: float = 0.9,
     workspace: str = "accelerator",
     limit: int = 1 << 16,
+    workers: int = 1,
 ) -> tuple[int, str]:
     """Largest batch that no plan can exceed: the one op's working set still fits.
 
     A plan moves and recomputes tensors, never an op's own inputs and outputs while it
     runs: above this batch, the op named (whose inputs, outputs and workspace are the
     largest) does not fit the budget beside the persistent memory, whatever the plan.
+    ``workers`` batches are simulated at once, as in :func:`max_batch`.
 
     Returns
     -------
@@ -1154,35 +1180,192 @@ def bound_batch(
     """
     device = preset(device, DEVICES, "device")
     memory = DEVICES[device].memory_bytes if budget_bytes is None else budget_bytes
-    ops: dict[int, str] = {}
 
-    def ok(b: int) -> bool:
+    def ok(b: int) -> tuple[bool, str]:
         sizes = resolve(graph, b)
         base = simulate(graph, b, sizes=sizes, workspace=workspace)
-        need, ops[b] = _lower_bound(graph, base)
+        need, op = _lower_bound(graph, base)
         return need - base.persistent_bytes <= transient_budget(
-            memory, base.persistent_bytes, safety)
+            memory, base.persistent_bytes, safety), op
 
-    batch = _max_true(ok, limit)
-    if batch and batch + 1 not in ops:
-        ok(batch + 1)
-    return batch, ops.get(batch + 1, ops.get(batch, ""))
+    batch, answers = _largest_batch(ok, lambda b, a: a[0], limit, workers=workers)
+    if batch and batch + 1 not in answers:
+        answers[batch + 1] = ok(batch + 1)
+    return batch, answers.get(batch + 1, answers.get(batch, (True, "")))[1]
 
 
 def _max_true(ok: Callable[[int], bool], limit: int, start: int = 1) -> int:
-    if not ok(start):
-        return 0 if start == 1 else start - 1 if ok(start - 1) else 0
-    lo, hi = start, start * 2
-    while hi <= limit and ok(hi):
-        lo, hi = hi, hi * 2
-    hi = min(hi, limit + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    """Largest batch in [start, limit] where ``ok``, asked one batch at a time."""
+    return _largest_batch(ok, lambda b, a: a, limit, start)[0]
+
+
+def _largest_batch(ask: Callable[[int], R], holds: Callable[[int, R], bool], limit: int,
+                   start: int = 1, *, known: bool = False, top_first: bool = False,
+                   workers: int = 1, asked: Callable[[int], None] | None = None,
+                   ) -> tuple[int, dict[int, R]]:
+    """Largest batch in [start, limit] where ``holds(batch, ask(batch))``, and every answer.
+
+    ``holds`` must be monotone (true up to some batch, false above): doubling from
+    ``start``, then bisection. 0 when it fails at ``start`` (``start - 1`` where that holds).
+    ``holds`` is called here, once per answer, as answers come.
+
+    Parameters
+    ----------
+    known : bool
+        It holds at ``start``; not asked.
+    top_first : bool
+        ``limit`` is asked first: where the answer is the limit, that is the whole search.
+    workers : int
+        Batches asked at once, each in a forked process of its own (:func:`_forked`). As
+        each answer comes, the next batch asked is the middle of the widest gap left between
+        the batches known and those being asked, and a batch the answer made useless is
+        stopped: no worker waits for a round to end.
+    asked : callable, optional
+        ``asked(batch)``, here, as each batch is asked (a forked worker reports nothing).
+    """
+    search = _Search(limit, start, known, top_first, asked)
+    answers: dict[int, R] = {}
+    if workers > 1 and hasattr(os, "fork"):
+        for b, answer in _forked(ask, search, workers):
+            answers[b] = answer
+            search.settle(b, holds(b, answer))
+    else:
+        while (b := search.next()) is not None:
+            answers[b] = ask(b)
+            search.settle(b, holds(b, answers[b]))
+    if search.lo == 0 and start > 1:  # fails at start: the batch below, as before
+        return (start - 1 if holds(start - 1, ask(start - 1)) else 0), answers
+    return search.lo, answers
+
+
+class _Search:
+    """Where a monotone search stands, and which batch to ask next (:func:`_largest_batch`).
+
+    ``lo`` holds (0: none known), ``hi`` does not (``limit + 1``: past the limit, not asked);
+    ``asking`` are the batches being asked.
+    """
+
+    def __init__(self, limit: int, start: int, known: bool, top_first: bool,
+                 asked: Callable[[int], None] | None = None) -> None:
+        self.limit, self.start, self.asked = limit, start, asked
+        self.held = [start] if known else []
+        self.lo, self.hi = (start if known else 0), limit + 1
+        # hi was asked, or the limit is asked first: bisect up to it, no doubling
+        self.bounded = top_first
+        self.asking: set[int] = set()
+        self.first = ([limit] if top_first and limit > start else []) + ([] if known else [start])
+
+    def next(self) -> int | None:
+        """The batch to ask next (added to :attr:`asking`), or None: nothing is worth it."""
+        b = self._pick()
+        if b is not None:
+            self.asking.add(b)
+            if self.asked is not None:
+                self.asked(b)
+        return b
+
+    def _pick(self) -> int | None:
+        while self.first:
+            b = self.first.pop(0)
+            if self.lo < b < self.hi:
+                return b
+        if self.lo == 0:  # start not answered yet, or failed
+            return None
+        if not self.bounded:  # doubling, past every batch being asked
+            b = max([self.lo, *self.asking]) * 2
+            return b if b <= self.limit else (None if self.asking else self._unbound())
+        marks = sorted({self.lo, self.hi, *(b for b in self.asking if self.lo < b < self.hi)})
+        gap, a = max((y - x, x) for x, y in zip(marks, marks[1:], strict=False))
+        return a + gap // 2 if gap > 1 else None
+
+    def _unbound(self) -> int | None:
+        # doubling passed the limit with every batch below it holding: bisect up to it
+        self.bounded = True
+        return self._pick()
+
+    def settle(self, b: int, holds: bool) -> None:
+        """Take the answer at ``b``."""
+        self.asking.discard(b)
+        if holds:
+            self.held.append(b)
+        elif b < self.hi:
+            self.hi, self.bounded = b, True
+        # a batch that holds above one that does not would break monotony: not trusted
+        self.lo = max((h for h in self.held if h < self.hi), default=0)
+        if not holds and b == self.start:
+            self.first.clear()
+
+    def useless(self, b: int) -> bool:
+        """Whether the answer at ``b`` can no longer move the search."""
+        return not self.lo < b < self.hi
+
+
+def _forked(ask: Callable[[int], R], search: _Search, workers: int):
+    """Yield ``(batch, ask(batch))`` as each forked worker answers, ``workers`` at once.
+
+    The search is pure Python, one core each: with more idle cores, batches asked at once
+    take the time of one. A child sends its answer pickled through a pipe (an exception as
+    an exception, raised here); one that dies is asked again here; one whose batch the
+    answers so far made useless is killed.
+    """
+    import select
+    import signal
+
+    running: dict[int, tuple[int, int]] = {}  # read fd -> (batch, pid)
+    try:
+        while True:
+            while len(running) < workers and (b := search.next()) is not None:
+                read, pid = _fork(ask, b)
+                running[read] = (b, pid)
+            if not running:
+                return
+            ready, _, _ = select.select(list(running), [], [])
+            for read in ready:
+                b, pid = running.pop(read)
+                with os.fdopen(read, "rb") as f:
+                    data = f.read()
+                os.waitpid(pid, 0)
+                try:
+                    ok, value = pickle.loads(data)
+                except Exception:  # noqa: BLE001 - the child died before it answered
+                    ok, value = True, ask(b)
+                if not ok:
+                    raise value
+                yield b, value
+            for read, (b, pid) in list(running.items()):
+                if search.useless(b):
+                    os.kill(pid, signal.SIGKILL)
+                    os.close(read)
+                    os.waitpid(pid, 0)
+                    search.asking.discard(b)
+                    del running[read]
+    finally:
+        for read, (_, pid) in running.items():
+            os.kill(pid, signal.SIGKILL)
+            os.close(read)
+            os.waitpid(pid, 0)
+
+
+def _fork(ask: Callable[[int], R], b: int) -> tuple[int, int]:
+    """Ask ``b`` in a forked child: (the pipe to read its pickled answer from, its pid)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(write)
+        return read, pid
+    code = 0  # the child: answer, send, exit without running the parent's cleanup
+    try:
+        os.close(read)
+        try:
+            data = pickle.dumps((True, ask(b)))
+        except BaseException as e:  # noqa: BLE001 - raised again in the parent
+            data = pickle.dumps((False, e))
+        with os.fdopen(write, "wb") as f:
+            f.write(data)
+    except BaseException:  # noqa: BLE001 - nothing may escape a forked child
+        code = 1
+    finally:
+        os._exit(code)
 
 
 __all__ = ["DEVICES", "LINKS", "STRATEGY_NAMES", "Device", "Link", "TuneResult", "bound_batch",

@@ -148,10 +148,16 @@ def test_max_batch_is_the_tuners_answer_and_the_bound_only_saves_tries():
         assert (r.fits and not r.plan.swaps) == fits_plain
     assert tune(g, with_rw, budget, link="nvlink2").fits
     assert not tune(g, with_rw + 1, budget, link="nvlink2").fits
-    bound, _ = bound_batch(g, budget)
+    bound, op = bound_batch(g, budget)
     tried: dict = {}
     assert max_batch(g, budget, link="nvlink2", bound=bound, tuned=tried) == (without, with_rw)
     assert max(tried, default=0) <= bound
+    # two batches at a time, one in a forked process: the same batches, and what stops it
+    forked: dict = {}
+    assert max_batch(g, budget, link="nvlink2", bound=bound, tuned=forked,
+                     workers=2) == (without, with_rw)
+    assert with_rw == bound or not forked[with_rw + 1].fits
+    assert bound_batch(g, budget, workers=2) == (bound, op)
     assert max_batch(g, budget, rewrite_plans=False) == (without, without)
 
 

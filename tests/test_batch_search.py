@@ -1,0 +1,116 @@
+"""The largest-batch search: the same answer asked one batch or several at a time."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lmscore.tune import _largest_batch
+
+
+def _truth(batch: int, answer: bool) -> bool:
+    return answer
+
+
+def _oracle(threshold: int, limit: int, start: int) -> int:
+    """Largest b in [start, limit] with b <= threshold, as _largest_batch defines it."""
+    if threshold >= start:
+        return min(threshold, limit)
+    return start - 1 if start > 1 and start - 1 <= threshold else 0
+
+
+@settings(max_examples=400, deadline=None)
+@given(threshold=st.integers(0, 300), limit=st.integers(1, 300), start=st.integers(1, 40),
+       top_first=st.booleans(), known=st.booleans())
+def test_one_at_a_time_finds_the_threshold(threshold, limit, start, top_first, known):
+    start = min(start, limit)
+    known = known and start <= threshold
+    asked: list[int] = []
+
+    def ask(b: int) -> bool:
+        asked.append(b)
+        return b <= threshold
+
+    got, answers = _largest_batch(ask, _truth, limit, start, known=known, top_first=top_first)
+    assert got == _oracle(threshold, limit, start)
+    assert answers == {b: b <= threshold for b in asked if b >= start}
+    assert len(asked) == len(set(asked))  # no batch asked twice
+    if 0 < got < limit:
+        assert got + 1 in answers  # what stops it was asked
+    if top_first and limit > start:
+        assert asked[0] == limit
+
+
+def test_one_at_a_time_is_bisection():
+    """The DenseNet's search (117 fits, bound 1,298, 1,213 found): the bound, then halves."""
+    asked: list[int] = []
+    assert _largest_batch(lambda b: asked.append(b) or b <= 1213, _truth, 1298, 117,
+                          known=True, top_first=True)[0] == 1213
+    assert asked == [1298, 707, 1002, 1150, 1224, 1187, 1205, 1214, 1209, 1211, 1212, 1213]
+
+
+@settings(max_examples=25, deadline=None)
+@given(threshold=st.integers(0, 200), limit=st.integers(1, 200), start=st.integers(1, 20),
+       workers=st.integers(2, 3), top_first=st.booleans(), seed=st.integers(1, 97))
+def test_forked_workers_find_the_same_batch(threshold, limit, start, workers, top_first,
+                                            seed):
+    """Answers come back in an order of their own (each child sleeps 0-6 ms)."""
+    start = min(start, limit)
+
+    def ask(b: int) -> bool:
+        time.sleep((b * seed) % 7 / 1000)
+        return b <= threshold
+
+    got, answers = _largest_batch(ask, _truth, limit, start, top_first=top_first,
+                                  workers=workers)
+    assert got == _oracle(threshold, limit, start)
+    assert all(a == (b <= threshold) for b, a in answers.items())
+
+
+def test_a_useless_batch_is_stopped():
+    """Asked at once, 64 (slow) and 32: 32 fails, so 64 can move nothing and is killed."""
+    parent = os.getpid()
+
+    def ask(b: int) -> bool:
+        if b == 64 and os.getpid() != parent:
+            time.sleep(60)
+        return b <= 20
+
+    t = time.monotonic()
+    got, answers = _largest_batch(ask, _truth, 64, 16, known=True, top_first=True,
+                                  workers=2)
+    assert got == 20 and 64 not in answers
+    assert time.monotonic() - t < 50  # not waited for: it would sleep 60 s
+
+
+def test_a_childs_exception_is_raised_in_the_parent():
+    parent = os.getpid()
+
+    def ask(b: int) -> bool:
+        if os.getpid() != parent:
+            raise ValueError(f"batch {b} refused")
+        return True
+
+    with pytest.raises(ValueError, match="refused"):
+        _largest_batch(ask, _truth, 100, 1, workers=2)
+
+
+def test_a_child_that_dies_is_asked_again_here():
+    parent = os.getpid()
+
+    def ask(b: int) -> bool:
+        if os.getpid() != parent:
+            os._exit(3)
+        return b <= 37
+
+    assert _largest_batch(ask, _truth, 100, 1, workers=2)[0] == 37
+
+
+def test_answers_come_back_from_the_children():
+    parent = os.getpid()
+    got, answers = _largest_batch(lambda b: (b <= 9, os.getpid() != parent),
+                                  lambda b, a: a[0], 30, 1, workers=2)
+    assert got == 9 and all(child for _, child in answers.values())
