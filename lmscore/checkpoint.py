@@ -367,7 +367,9 @@ def _recomputes(
     out: list[Recompute] = []
     for tensor in (b.tensor, *b.views):
         name, port = split_tensor(tensor)
-        p = graph.index[name]
+        p = graph.index.get(name)
+        if p is None:  # memory no tensor names: a pooling's workspace for its gradient
+            return [], f"{tensor!r} is a kernel's workspace, no tensor of the graph"
         if cats[p] != FORWARD:
             continue  # a backward result written into the buffer: the clones' buffer takes it
         readers = [c for c in dict.fromkeys(adj.consumers.get((p, port), ()))

@@ -216,3 +216,26 @@ def test_tune_falls_back_to_checkpointing_where_no_per_tensor_plan_fits(strategy
     assert r.message.startswith("fits with 12 recomputed tensors (sqrt(n) checkpointing)")
     short = tune(g, 1, ev.after.peak_bytes - 1, safety=1.0, strategy=strategy, host_memory=1)
     assert not short.fits
+
+
+@pytest.mark.tf
+def test_a_pooling_workspace_is_kept_not_recomputed():
+    """oneDNN's max pooling keeps a workspace for its gradient: memory no tensor names.
+    Checkpointing keeps it, with a reason, where it once looked it up as an op (KeyError
+    from ``lms tune --workspace cpu --strategy recompute`` on a U-Net under oneDNN)."""
+    zoo = pytest.importorskip("zoo")
+    from lmscore.memory import simulate
+
+    graph = zoo.graph("unet2d")
+    batch = zoo.BY_NAME["unet2d"].batch
+    base = simulate(graph, batch, workspace="onednn")
+    pools = {b.tensor for b in base.buffers if b.tensor.endswith("/workspace")}
+    assert pools
+    c = checkpointing(graph, batch, base=base)
+    why = dict(c.kept)
+    kept = pools & set(why)
+    assert kept and all("kernel's workspace" in why[t] for t in kept)
+    assert not pools & set(c.recomputed)
+    r = tune(graph, batch, base.persistent_bytes + base.input_bytes
+             + base.transient_peak_bytes // 2, workspace="onednn", strategy="recompute")
+    assert r.message
