@@ -40,6 +40,7 @@ import inspect
 import math
 import os
 import pickle
+import time
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -1150,6 +1151,8 @@ def max_batch(
         return without, without
     parent = os.getpid()
     report = opts["progress"] or (lambda f, m: None)
+    if workers > 1:
+        _imported_for_workers()
 
     def tuned_at(b: int) -> TuneResult:
         # a forked worker reports no progress: its messages would interleave
@@ -1311,6 +1314,23 @@ class _Search:
         return not self.lo < b < self.hi
 
 
+def _imported_for_workers() -> None:
+    """Import here what a tune imports on first use, rather than once in every worker.
+
+    SciPy's optimizer alone takes 0.25 s to import: a forked worker that imports it pays
+    that for every batch (VGG-16's search took twice as long with two workers as with one).
+    """
+    import scipy.optimize  # noqa: F401
+    import scipy.sparse  # noqa: F401
+
+    from . import checkpoint, units  # noqa: F401
+
+
+#: Seconds a forked worker's answer must take (the median so far) for the search to go on
+#: forking: a fork and its pipe cost about 25-50 ms, more than a small graph's simulation.
+FORK_ABOVE = 0.1
+
+
 def _forked(ask: Callable[[int], R], search: _Search, workers: int):
     """Yield ``(batch, ask(batch))`` as each forked worker answers, ``workers`` at once.
 
@@ -1322,17 +1342,25 @@ def _forked(ask: Callable[[int], R], search: _Search, workers: int):
     import select
     import signal
 
-    running: dict[int, tuple[int, int]] = {}  # read fd -> (batch, pid)
+    running: dict[int, tuple[int, int, float]] = {}  # read fd -> (batch, pid, start)
+    took: list[float] = []
     try:
         while True:
-            while len(running) < workers and (b := search.next()) is not None:
+            # answers quicker than a fork: no more workers, the rest here, one at a time
+            quick = len(took) >= workers and sorted(took)[len(took) // 2] < FORK_ABOVE
+            if quick and not running:
+                while (b := search.next()) is not None:
+                    yield b, ask(b)
+                return
+            while not quick and len(running) < workers and (b := search.next()) is not None:
                 read, pid = _fork(ask, b)
-                running[read] = (b, pid)
+                running[read] = (b, pid, time.perf_counter())
             if not running:
                 return
             ready, _, _ = select.select(list(running), [], [])
             for read in ready:
-                b, pid = running.pop(read)
+                b, pid, started = running.pop(read)
+                took.append(time.perf_counter() - started)
                 with os.fdopen(read, "rb") as f:
                     data = f.read()
                 os.waitpid(pid, 0)
@@ -1343,7 +1371,7 @@ def _forked(ask: Callable[[int], R], search: _Search, workers: int):
                 if not ok:
                     raise value
                 yield b, value
-            for read, (b, pid) in list(running.items()):
+            for read, (b, pid, _) in list(running.items()):
                 if search.useless(b):
                     os.kill(pid, signal.SIGKILL)
                     os.close(read)
@@ -1351,7 +1379,7 @@ def _forked(ask: Callable[[int], R], search: _Search, workers: int):
                     search.asking.discard(b)
                     del running[read]
     finally:
-        for read, (_, pid) in running.items():
+        for read, (_, pid, _) in running.items():
             os.kill(pid, signal.SIGKILL)
             os.close(read)
             os.waitpid(pid, 0)

@@ -111,6 +111,21 @@ def test_a_child_that_dies_is_asked_again_here():
 
 def test_answers_come_back_from_the_children():
     parent = os.getpid()
-    got, answers = _largest_batch(lambda b: (b <= 9, os.getpid() != parent),
-                                  lambda b, a: a[0], 30, 1, workers=2)
+
+    def ask(b: int) -> tuple[bool, bool]:
+        time.sleep(0.15)  # slower than a fork: every batch in a worker
+        return b <= 9, os.getpid() != parent
+
+    got, answers = _largest_batch(ask, lambda b, a: a[0], 30, 1, workers=2)
     assert got == 9 and all(child for _, child in answers.values())
+
+
+def test_quick_answers_are_asked_here_after_the_first_workers():
+    """A fork costs more than a quick answer: once two answers came quick, the rest here."""
+    parent = os.getpid()
+    got, answers = _largest_batch(lambda b: (b <= 40, os.getpid() == parent),
+                                  lambda b, a: a[0], 64, 1, workers=2)
+    assert got == 40
+    here = [b for b, (_, in_parent) in answers.items() if in_parent]
+    # the start, then two at once: when the second answer is in, the third is running
+    assert len(answers) - len(here) == 3 and len(here) >= 5
