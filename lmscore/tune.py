@@ -1269,16 +1269,20 @@ class _Search:
         self.asking: set[int] = set()
         self.first = ([limit] if top_first and limit > start else []) + ([] if known else [start])
 
-    def next(self) -> int | None:
-        """The batch to ask next (added to :attr:`asking`), or None: nothing is worth it."""
-        b = self._pick()
+    def next(self, free: int = 1) -> int | None:
+        """The batch to ask next (added to :attr:`asking`), or None: nothing is worth it.
+
+        ``free``: workers about to be given a batch, this one included. Two free workers in
+        one gap take its thirds, not its half and then a quarter.
+        """
+        b = self._pick(free)
         if b is not None:
             self.asking.add(b)
             if self.asked is not None:
                 self.asked(b)
         return b
 
-    def _pick(self) -> int | None:
+    def _pick(self, free: int = 1) -> int | None:
         while self.first:
             b = self.first.pop(0)
             if self.lo < b < self.hi:
@@ -1290,7 +1294,7 @@ class _Search:
             return b if b <= self.limit else (None if self.asking else self._unbound())
         marks = sorted({self.lo, self.hi, *(b for b in self.asking if self.lo < b < self.hi)})
         gap, a = max((y - x, x) for x, y in zip(marks, marks[1:], strict=False))
-        return a + gap // 2 if gap > 1 else None
+        return a + max(1, gap // (free + 1)) if gap > 1 else None
 
     def _unbound(self) -> int | None:
         # doubling passed the limit with every batch below it holding: bisect up to it
@@ -1352,7 +1356,8 @@ def _forked(ask: Callable[[int], R], search: _Search, workers: int):
                 while (b := search.next()) is not None:
                     yield b, ask(b)
                 return
-            while not quick and len(running) < workers and (b := search.next()) is not None:
+            while (not quick and len(running) < workers
+                   and (b := search.next(workers - len(running))) is not None):
                 read, pid = _fork(ask, b)
                 running[read] = (b, pid, time.perf_counter())
             if not running:
