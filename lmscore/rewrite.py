@@ -278,11 +278,10 @@ def _released(graph: Graph, releases: list[tuple[str, str]], exact: bool) -> Gra
     with another (:attr:`lmscore.ir.Graph.siblings`): waiting for a swap-out, a bias
     gradient is left out of oneDNN's merge with its filter gradient and sums in another
     order (a tuned plan of a small CNN: one bias 2.3e-9 apart after 3 steps, Grappler on or
-    off). It may come
-    before the swap-out in that order (both were ready when ``p`` ended, and the executor
-    took it first): the swap-out reads ``p`` alone, so no op after ``p``'s last reader is
-    among its ancestors, and no release edge closes a cycle (each goes forward in the order
-    that puts every swap-out right after its producer)::
+    off). It may come before the swap-out in that order (both were ready when ``p`` ended,
+    and the executor took it first): the swap-out reads ``p`` alone, so no op after ``p``'s
+    last reader is among its ancestors, and no release edge closes a cycle (each goes
+    forward in the order that puts every swap-out right after its producer)::
 
         before:  p -> c (near) ;  p -> swapout -> swapin -> far
                  schedule ... p ... c, r ..., swapout
