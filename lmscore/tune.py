@@ -40,6 +40,7 @@ import inspect
 import math
 import os
 import pickle
+import statistics
 import time
 from bisect import bisect_right
 from collections.abc import Callable
@@ -1351,7 +1352,7 @@ def _forked(ask: Callable[[int], R], search: _Search, workers: int):
     try:
         while True:
             # answers quicker than a fork: no more workers, the rest here, one at a time
-            quick = len(took) >= workers and sorted(took)[len(took) // 2] < FORK_ABOVE
+            quick = len(took) >= workers and statistics.median_high(took) < FORK_ABOVE
             if quick and not running:
                 while (b := search.next()) is not None:
                     yield b, ask(b)
