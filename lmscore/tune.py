@@ -1322,10 +1322,10 @@ class _Search:
 def _imported_for_workers() -> None:
     """Import here what a tune imports on first use, rather than once in every worker.
 
-    SciPy's optimizer alone takes 0.25 s to import: a forked worker that imports it pays
+    SciPy's optimizer alone took 0.25 s to import: a forked worker that imported it paid
     that for every batch (VGG-16's search took twice as long with two workers as with one).
     """
-    import scipy.optimize  # noqa: F401
+    import highspy  # noqa: F401
     import scipy.sparse  # noqa: F401
 
     from . import checkpoint, units  # noqa: F401

@@ -270,3 +270,30 @@ def test_milp_keeps_the_host_within_its_limit():
     assert not solve([a, b, c], live, 6, host_limit=3).feasible
     rec = Option("r", "recompute", 1, 2, 4, 2.0, ("c",), "t", ("x",))
     assert solve([a, rec], live, 6, host_limit=0).chosen == (rec,)  # clones hold no host
+
+
+def test_highs_stopped_early_returns_its_feasible_choice(monkeypatch):
+    # 400 options over 120 positions: HiGHS needs branching to prove its optimum; told that
+    # any gap will do at once, it stops at its first choice, which must still cover the
+    # budget everywhere and cannot beat the proven optimum
+    rng = np.random.default_rng(0)
+    n = 120
+    live = rng.integers(50, 100, size=n) * 1000
+    opts = []
+    for k in range(400):
+        lo = int(rng.integers(0, n - 5))
+        hi = int(min(n - 1, lo + rng.integers(3, 40)))
+        opts.append(Option(f"t{k}", "swap" if k % 2 else "recompute", lo, hi,
+                           int(rng.integers(1, 30)) * 1000, float(rng.uniform(0.01, 1.0)),
+                           ("c",), "t", (), (), f"buf{k}"))
+    best = solve(opts, live, 40_000)
+    monkeypatch.setattr(planners, "PATIENT_SECONDS", 0.0)
+    monkeypatch.setattr(planners, "GAP_PER_SECOND", 1e9)
+    quick = solve(opts, live, 40_000)
+    assert best.feasible and best.status == "Optimal"
+    assert quick.feasible and quick.status == "Interrupted by user"
+    freed = np.zeros(n, dtype=np.int64)
+    for o in quick.chosen:
+        freed[o.lo:o.hi + 1] += o.bytes
+    assert (live - freed).max() <= 40_000
+    assert quick.seconds >= best.seconds - 1e-9
