@@ -52,6 +52,35 @@ def test_one_at_a_time_is_bisection():
     assert asked == [1298, 707, 1002, 1150, 1224, 1187, 1205, 1214, 1209, 1211, 1212, 1213]
 
 
+@settings(max_examples=300, deadline=None)
+@given(threshold=st.integers(0, 300), limit=st.integers(1, 300), start=st.integers(1, 40),
+       known=st.booleans(), guess=st.integers(-5, 320))
+def test_a_guess_changes_what_is_asked_not_the_answer(threshold, limit, start, known, guess):
+    start = min(start, limit)
+    known = known and start <= threshold
+    asked: list[int] = []
+
+    def ask(b: int) -> bool:
+        asked.append(b)
+        return b <= threshold
+
+    got, answers = _largest_batch(ask, _truth, limit, start, known=known, top_first=True,
+                                  guess=guess)
+    assert got == _oracle(threshold, limit, start)
+    assert len(asked) == len(set(asked))
+    assert all(start <= b <= limit for b in asked if b != start - 1)  # start-1: start fails
+
+
+def test_the_guess_near_the_bound_saves_asks():
+    """The DenseNet's numbers again, with :data:`lmscore.tune.NEAR_BOUND`'s guess."""
+    from lmscore.tune import NEAR_BOUND
+
+    asked: list[int] = []
+    assert _largest_batch(lambda b: asked.append(b) or b <= 1213, _truth, 1298, 117,
+                          known=True, top_first=True, guess=int(NEAR_BOUND * 1298))[0] == 1213
+    assert asked == [1298, 1168, 1233, 1200, 1216, 1208, 1212, 1214, 1213]
+
+
 @settings(max_examples=25, deadline=None)
 @given(threshold=st.integers(0, 200), limit=st.integers(1, 200), start=st.integers(1, 20),
        workers=st.integers(2, 3), top_first=st.booleans(), seed=st.integers(1, 97))
