@@ -677,6 +677,7 @@ def _validate_plan(args: argparse.Namespace, graph: Any, batch: int) -> int:
         print(f"  held at the measured peak but freed in the simulation: {top}")
     if args.timeline:
         print(f"  wrote {args.timeline}")
+    _print_tuned_verdict(v)
     same = "bit-identical" if v.max_abs_diff == 0 else f"max |diff| {v.max_abs_diff:.3g}"
     print(f"  losses and variables after {len(v.losses['original'])} steps: {same}")
     if not math.isnan(v.max_abs_diff_grappler):
@@ -685,6 +686,28 @@ def _validate_plan(args: argparse.Namespace, graph: Any, batch: int) -> int:
     if v.diverged:
         print(f"  the loss diverged on the synthetic data: {v.divergence}")
     return 0
+
+
+def _print_tuned_verdict(v: Any) -> None:
+    """Whether the rewritten step measured within the device memory the plan was tuned for."""
+    within = v.within_tuned_device
+    if within is None:
+        return
+    peak = max(v.rewritten_runs or (v.measured_device_peak_bytes["rewritten"],))
+    device = v.tuned_device_bytes
+    if within:
+        print(f"  fits: every run within the {format_bytes(device)} device the plan was "
+              f"tuned for (largest {format_bytes(peak)}, {peak / device:.3f})")
+        return
+    why = ""
+    if v.tuned_workspace not in ("cpu", v.kernel_library):
+        # the prediction for a GPU leaves out what this CPU's kernels allocate beside the
+        # tensors (Eigen's im2col buffers of convolution gradients, for one)
+        why = (f"; it was tuned with workspace {v.tuned_workspace!r}, which leaves out the "
+               f"workspaces of this CPU's {v.kernel_library} kernels: tune with "
+               "--workspace cpu to plan for the emulated accelerator")
+    print(f"  DOES NOT FIT: measured {format_bytes(peak)}, {peak / device:.3f} of the "
+          f"{format_bytes(device)} device the plan was tuned for{why}")
 
 
 #: Plotly's page options for the HTML files lms writes: self-contained (plotly.js inlined,

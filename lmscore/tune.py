@@ -1092,7 +1092,10 @@ def _result(graph, batch, plan, fitted, budget, memory, base, sim, base_seconds,
         message = (f"does not fit: the smallest peak found is {format_bytes(sim.peak_bytes)}"
                    f" (budget {format_bytes(budget)} + {format_bytes(base.persistent_bytes)} "
                    f"persistent); no plan gets below {format_bytes(min_peak)} (op {bound!r})")
-    del graph, workspace
+    del graph
+    # what the plan was made for: lms validate --plan measures the step against it
+    plan = replace(plan, params={**plan.params, "device_bytes": int(memory),
+                                 "workspace": workspace})
     return TuneResult(
         plan=plan, fits=fitted, budget_bytes=budget, device_memory_bytes=memory,
         persistent_bytes=base.persistent_bytes, baseline_peak_bytes=base.peak_bytes,

@@ -212,6 +212,13 @@ class PlanValidation:
         order taken out.
     replayed_original_bytes : int
         The same for the original step's run (0 when not replayed).
+    tuned_device_bytes, tuned_workspace : int, str
+        The device memory and workspace model (:data:`lmscore.memory.WORKSPACES`) the plan
+        was tuned for, from its parameters (0 and "" when it records none for this batch
+        size): :attr:`within_tuned_device` measures the claim that it fits.
+    kernel_library : str
+        The CPU kernels the emulated accelerator ran (``"onednn"`` or ``"eigen"``), with
+        a tuned plan.
     """
 
     batch_size: int
@@ -233,6 +240,20 @@ class PlanValidation:
     replayed_runs: tuple[int, ...] = ()
     replayed_original_bytes: int = 0
     recomputed_tensors: int = 0
+    tuned_device_bytes: int = 0
+    tuned_workspace: str = ""
+    kernel_library: str = ""
+
+    @property
+    def within_tuned_device(self) -> bool | None:
+        """Whether every measured run of the rewritten step stayed in the tuned-for device.
+
+        None when the plan records no device memory for this batch size.
+        """
+        if not self.tuned_device_bytes:
+            return None
+        return max(self.rewritten_runs or (self.measured_device_peak_bytes["rewritten"],)
+                   ) <= self.tuned_device_bytes
 
     @property
     def diverged(self) -> bool:
@@ -243,6 +264,7 @@ class PlanValidation:
         """The ``lms validate --plan --json`` object (an undefined number is ``null``)."""
         d = asdict(self)
         d["diverged"] = self.diverged
+        d["within_tuned_device"] = self.within_tuned_device
         for key in ("saving_ratio", "host_ratio", "max_abs_diff_grappler"):
             if math.isnan(d[key]):
                 d[key] = None
@@ -463,4 +485,20 @@ def validate_plan(
         divergence=divergence(m0.losses, m0.finite),
         replayed_runs=replayed_runs,
         replayed_original_bytes=replayed_original,
+        **_tuned_for(plan, batch_size),
     )
+
+
+def _tuned_for(plan: Any, batch_size: int) -> dict[str, Any]:
+    """The device memory and workspace model :func:`lmscore.tune.tune` made ``plan`` for.
+
+    Empty unless the plan records them (a tuned plan does) for this batch size: at another
+    batch the step is another step.
+    """
+    params = getattr(plan, "params", None) or {}
+    device, workspace = params.get("device_bytes"), params.get("workspace")
+    if (not isinstance(device, int) or device <= 0 or not isinstance(workspace, str)
+            or params.get("batch_size", batch_size) != batch_size):
+        return {}
+    return {"tuned_device_bytes": device, "tuned_workspace": workspace,
+            "kernel_library": cpu_kernel_library()}

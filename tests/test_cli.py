@@ -558,3 +558,31 @@ def test_tune_says_when_host_memory_stops_a_larger_batch(capsys):
     assert 0 < largest < 54
     assert (f"host memory stops batch {largest + 1}: its plan fits the device but not the "
             "host") in out
+
+
+@pytest.mark.tf
+def test_validate_plan_measures_the_device_it_was_tuned_for(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    assert cli.main(["tune", "mlp", "--budget", "12MiB", "--plan-out", str(plan)]) == 0
+    doc = json.loads(plan.read_text())
+    assert doc["params"]["device_bytes"] == 12 * 2**20
+    assert doc["params"]["workspace"] == "accelerator"
+    capsys.readouterr()
+    assert cli.main(["validate", "mlp", "--plan", str(plan), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["tuned_device_bytes"] == 12 * 2**20
+    assert report["within_tuned_device"] is (max(report["rewritten_runs"]) <= 12 * 2**20)
+    assert report["within_tuned_device"]
+    # the same plan said to be for a device smaller than its measured peak
+    doc["params"]["device_bytes"] = 10 * 2**20
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps(doc))
+    assert cli.main(["validate", "mlp", "--plan", str(small)]) == 0
+    out = capsys.readouterr().out
+    ratio = max(report["rewritten_runs"]) / (10 * 2**20)
+    assert f"DOES NOT FIT: measured 11.29 MiB, {ratio:.3f} of the 10.00 MiB device" in out
+    assert "tune with --workspace cpu" in out
+    # at another batch the plan claims nothing
+    assert cli.main(["validate", "mlp", "--batch-size", "16", "--plan", str(plan),
+                     "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["within_tuned_device"] is None
