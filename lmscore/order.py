@@ -413,9 +413,14 @@ def _categories(
             write[i] = _writes(t, resource, not ops[i].outputs)
 
     def reads_state(i: int) -> bool:
-        """Whether op ``i`` reads a resource or a read of one: computes on state."""
-        return any(ops[p].outputs[port].dtype == "resource" or types[p] in RESOURCE_READS
-                   for p, port in data_in[i])
+        """Whether op ``i`` reads a resource or a read of one: computes on state.
+
+        An embedding's lookup (``ResourceGather``) is an activation, not a read of state:
+        the first layer's weight gradient reads it.
+        """
+        return any(ops[p].outputs[port].dtype == "resource" or (
+            types[p] in RESOURCE_READS and types[p] != "ResourceGather")
+            for p, port in data_in[i])
 
     # What a gradient kernel reads is the forward or the backward pass, never optimizer
     # arithmetic, even where every later use is a write (a tf.compat.v1 optimizer applies
@@ -458,7 +463,10 @@ def _categories(
             update[i] = (
                 write[i]
                 or not from_data[i]
-                or reads_state(i)
+                # a matrix product of a weight is a layer's, or the gradient of its input
+                # (the first layer's, which only an embedding's update reads), never an
+                # optimizer's arithmetic, which is elementwise
+                or (reads_state(i) and types[i] not in _PRODUCTS)
                 or all(update[p] or cat[p] == PERSISTENT for p, _ in ins)
                 # lr * grad: an elementwise scaling by state that feeds the write directly
                 or (
@@ -561,6 +569,10 @@ def _categories(
         else:
             cat[i] = FORWARD  # outputs and metrics that read the forward pass
     return tuple(c or FORWARD for c in cat), tuple(ops[i].name for i in losses)
+
+
+#: Matrix products (:func:`_categories`: never optimizer arithmetic).
+_PRODUCTS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"})
 
 
 #: Gradient kernels and the inputs that carry the incoming gradient; their other
@@ -691,16 +703,25 @@ def _gradient_structure(
         s: _closure(graph, list(adj.consumers.get((s, 0), ())), cat, down=True, values=True)
         for s in seeds
     }
-    # Every gradient depends on the seed: a constant 1 in the loss (a loss weight of one
-    # of two outputs) reaches the gradient kernels of its own output only.
-    backward_kernels = [k for k in kernels if not forward_side[k]]
-    covers = {s: frozenset(k for k in backward_kernels if below_of[s][k]) for s in seeds}
-    seeds = [s for s in seeds if not any(covers[s] < covers[t] for t in seeds)]
     # The loss is computed before its gradient, so the seed reaches none of the results
     # that it reaches: a constant 1 in the loss itself (Huber's delta) reaches the loss
     # the step returns and the gradients too, as the gradient reads what it computed.
-    results = step_results(graph)
+    # (its floating-point scalars: what else it returns, a gradient an optimizer passes
+    # through tf.identity, each seed reaches of its own)
+    results = [r for r in step_results(graph) if ops[r].outputs and (
+        spec := ops[r].outputs[0]).dtype in _FLOATS and spec.shape is not None
+        and all(d == 1 for d in spec.shape)]
     reached = {s: frozenset(r for r in results if below_of[s][r]) for s in seeds}
+    in_loss = {t for t in seeds if any(reached[u] < reached[t] for u in seeds)}
+    # Every gradient depends on the seed: a constant 1 in the loss (a loss weight of one
+    # of two outputs) reaches the gradient kernels of its own output only. Not against a
+    # constant of the loss itself: two tape.gradient calls on one loss seed a gradient
+    # each, each covering its own kernels, and a constant 1 in the loss (the + 1 of a
+    # masked mean's denominator) reaches the kernels of both.
+    backward_kernels = [k for k in kernels if not forward_side[k]]
+    covers = {s: frozenset(k for k in backward_kernels if below_of[s][k]) for s in seeds}
+    seeds = [s for s in seeds
+             if not any(covers[s] < covers[t] for t in seeds if t not in in_loss)]
     seeds = [s for s in seeds if not any(reached[t] < reached[s] for t in seeds)]
     # What each candidate first meets: the values its own constant arithmetic is
     # combined with (a dropout's random numbers; the forward values the seed's consumers
@@ -814,7 +835,14 @@ def _gradient_structure(
             stack.extend(c for c in readers[j] if ops[c].type in OUTPUT_OPS)
         return False
 
-    losses.sort(key=lambda i: (not returned(i), topo.index(i)))  # (a few losses)
+    # A function's outputs wait for its side effects (a control input each); a value only
+    # computed (a second tape's loss nobody returns) is a result too, without one.
+    waits = {r for r in results if ops[r].control_inputs}
+
+    def awaited(i: int) -> bool:
+        return any(c in waits for c in readers[i]) or i in waits
+
+    losses.sort(key=lambda i: (not awaited(i), not returned(i), topo.index(i)))
     return chosen, losses, backward
 
 

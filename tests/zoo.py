@@ -739,6 +739,56 @@ def hand_loop_rnn(batch=None):
     return cf, ("fwd/",)
 
 
+
+def two_gradient_calls(batch=None):
+    """One persistent tape, two ``tape.gradient`` calls on one loss, two optimizers.
+
+    An embedding and two ``EinsumDense`` layers (Adam), then einsum attention, a masked
+    mean whose denominator adds a constant 1 and a head (Adagrad). Each call seeds a
+    gradient of its own, covering its own gradient kernels; the + 1 of the denominator
+    reaches the kernels of both. The first layer's input gradient is a matrix product
+    of a weight that only the embedding's update reads.
+    """
+    import tensorflow as tf
+
+    k = _keras()
+    k.utils.set_random_seed(107)
+    t, v, d = 16, 300, 32
+    emb = k.layers.Embedding(v, d)
+    enc = k.Sequential([k.Input((t, d)),
+                        k.layers.EinsumDense("btd,dh->bth", output_shape=(t, 64),
+                                             bias_axes="h", activation="relu"),
+                        k.layers.EinsumDense("bth,hd->btd", output_shape=(t, d))], name="enc")
+    head = tf.Variable(tf.random.normal([d, 4], stddev=0.1, seed=4), name="head")
+    proj = tf.Variable(tf.random.normal([d, d], stddev=0.1, seed=5), name="proj")
+    emb(tf.zeros([1, t], "int32"))
+    body = emb.trainable_variables + enc.trainable_variables
+    tail = [head, proj]
+    adam, adagrad = k.optimizers.Adam(1e-3), k.optimizers.Adagrad(0.05)
+    adam.build(body)
+    adagrad.build(tail)
+
+    def step(x, y):
+        with tf.GradientTape(persistent=True) as tape:
+            with tf.name_scope("fwd"):
+                h = enc(emb(x), training=True)
+                att = tf.nn.softmax(tf.einsum("btd,bsd->bts", h,
+                                              tf.einsum("btd,de->bte", h, proj)) / 5.0)
+                ctx = tf.einsum("bts,bsd->btd", att, h)
+                mask = tf.cast(x > 0, tf.float32)[..., None]
+                pooled = tf.reduce_sum(ctx * mask, 1) / (tf.reduce_sum(mask, 1) + 1.0)
+                logits = tf.einsum("bd,dc->bc", pooled, head)
+                value = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    y, logits))
+                value = tf.identity(value, name="zoo_loss")
+        adam.apply_gradients(zip(tape.gradient(value, body), body, strict=True))
+        adagrad.apply_gradients(zip(tape.gradient(value, tail), tail, strict=True))
+        return value
+
+    cf = tf.function(step).get_concrete_function(*_specs(batch, (t,), (), "int32"))
+    cf.zoo_objects = (emb, enc, tail, adam, adagrad)  # the function holds them weakly
+    return cf, ("fwd/",)
+
 ENTRIES: tuple[Entry, ...] = (
     Entry("mlp_dropout", mlp_dropout, 8, False),
     Entry("bn_cnn", bn_cnn, 8, True),
@@ -754,6 +804,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("bigru_rnn", bigru_rnn, 8, False),
     Entry("recurrent_dropout_rnn", recurrent_dropout_rnn, 16, False),
     Entry("hand_loop_rnn", hand_loop_rnn, 16, False),
+    Entry("two_gradient_calls", two_gradient_calls, 8, False),
     Entry("dilated_conv1d", dilated_conv1d, 8, False),
     Entry("l2_clip_cnn", l2_clip_cnn, 16, True),
     Entry("embedding_v1_adagrad", embedding_v1_adagrad, 64, False),
