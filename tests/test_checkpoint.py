@@ -210,7 +210,9 @@ def test_tune_falls_back_to_checkpointing_where_no_per_tensor_plan_fits(strategy
     assert (ev.before.peak_bytes, ev.after.peak_bytes) == (
         fixed + 16 * ACT + ACT + 8, fixed + 4 * ACT + ACT + 8)
     r = tune(g, 1, ev.after.peak_bytes, safety=1.0, strategy=strategy, host_memory=1)
-    assert r.fits and r.plan == replace(chen_plan(g, 1), pin_schedule=True)
+    made_for = {"device_bytes": ev.after.peak_bytes, "workspace": "accelerator"}
+    expected = replace(chen_plan(g, 1), pin_schedule=True)
+    assert r.fits and r.plan == replace(expected, params={**expected.params, **made_for})
     assert r.knobs == {"baseline": "sqrt(n)"}
     assert r.predicted_peak_bytes == ev.after.peak_bytes and r.swapped_tensors == 0
     assert r.message.startswith("fits with 12 recomputed tensors (sqrt(n) checkpointing)")
