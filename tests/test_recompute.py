@@ -297,3 +297,28 @@ def test_highs_stopped_early_returns_its_feasible_choice(monkeypatch):
         freed[o.lo:o.hi + 1] += o.bytes
     assert (live - freed).max() <= 40_000
     assert quick.seconds >= best.seconds - 1e-9
+
+
+def test_highs_finds_the_plan_it_once_called_infeasible():
+    """The MILP of the zoo's EfficientNetB0 at batch 49,974 over PCIe 3 (memory-aware order,
+    818 options): HiGHS 1.13-1.16 at their default feasibility tolerance call it infeasible
+    in 0.08 s; a choice exists (11.38 s of swaps, found by HiGHS 1.12), so ``tune`` said
+    the batch does not fit."""
+    import pathlib
+
+    from scipy.sparse import coo_array
+
+    d = np.load(pathlib.Path(__file__).parent / "data" / "milp_efficientnet_b0_49974.npz")
+    n = len(d["cost"])
+    chain = coo_array((d["a_val"], (d["a_row"], d["a_col"])), shape=tuple(d["a_shape"]))
+    pairs = coo_array((np.ones(len(d["b_row"])), (d["b_row"], d["b_col"])),
+                      shape=tuple(d["b_shape"]))
+    got = planners._highs(d["cost"], [(chain, 0.0, 0.0), (pairs, -np.inf, 1.0)], d["lower"],
+                          d["upper"], int(d["n_int"]), 20.0)
+    assert got.x is not None, got.message
+    x = got.x.copy()
+    x[:int(d["n_int"])] = np.round(x[:int(d["n_int"])])
+    assert np.abs(chain @ x).max() < 1e-6 and (pairs @ x).max() <= 1 + 1e-9
+    assert (x >= d["lower"] - 1e-9).all() and (x <= d["upper"] + 1e-9).all()
+    assert d["cost"] @ x == pytest.approx(11381.44, rel=2e-3)
+    assert n == x.size
