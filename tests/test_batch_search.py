@@ -22,10 +22,13 @@ def _oracle(threshold: int, limit: int, start: int) -> int:
     return start - 1 if start > 1 and start - 1 <= threshold else 0
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(threshold=st.integers(0, 300), limit=st.integers(1, 300), start=st.integers(1, 40),
-       top_first=st.booleans(), known=st.booleans())
-def test_one_at_a_time_finds_the_threshold(threshold, limit, start, top_first, known):
+       top_first=st.booleans(), known=st.booleans(),
+       guess=st.one_of(st.none(), st.integers(-5, 320)))
+def test_one_at_a_time_finds_the_threshold(threshold, limit, start, top_first, known, guess):
+    """Whatever the guess (asked after the limit where that is asked first), the answer is
+    the threshold's; the guess changes only what is asked."""
     start = min(start, limit)
     known = known and start <= threshold
     asked: list[int] = []
@@ -34,10 +37,12 @@ def test_one_at_a_time_finds_the_threshold(threshold, limit, start, top_first, k
         asked.append(b)
         return b <= threshold
 
-    got, answers = _largest_batch(ask, _truth, limit, start, known=known, top_first=top_first)
+    got, answers = _largest_batch(ask, _truth, limit, start, known=known, top_first=top_first,
+                                  guess=guess)
     assert got == _oracle(threshold, limit, start)
     assert answers == {b: b <= threshold for b in asked if b >= start}
     assert len(asked) == len(set(asked))  # no batch asked twice
+    assert all(start <= b <= limit for b in asked if b != start - 1)  # start-1: start fails
     if 0 < got < limit:
         assert got + 1 in answers  # what stops it was asked
     if top_first and limit > start:
@@ -50,25 +55,6 @@ def test_one_at_a_time_is_bisection():
     assert _largest_batch(lambda b: asked.append(b) or b <= 1213, _truth, 1298, 117,
                           known=True, top_first=True)[0] == 1213
     assert asked == [1298, 707, 1002, 1150, 1224, 1187, 1205, 1214, 1209, 1211, 1212, 1213]
-
-
-@settings(max_examples=300, deadline=None)
-@given(threshold=st.integers(0, 300), limit=st.integers(1, 300), start=st.integers(1, 40),
-       known=st.booleans(), guess=st.integers(-5, 320))
-def test_a_guess_changes_what_is_asked_not_the_answer(threshold, limit, start, known, guess):
-    start = min(start, limit)
-    known = known and start <= threshold
-    asked: list[int] = []
-
-    def ask(b: int) -> bool:
-        asked.append(b)
-        return b <= threshold
-
-    got, answers = _largest_batch(ask, _truth, limit, start, known=known, top_first=True,
-                                  guess=guess)
-    assert got == _oracle(threshold, limit, start)
-    assert len(asked) == len(set(asked))
-    assert all(start <= b <= limit for b in asked if b != start - 1)  # start-1: start fails
 
 
 def test_the_guess_near_the_bound_saves_asks():
