@@ -29,6 +29,7 @@ from .ir import (
     FEED_OPS,
     VARIABLE_OPS,
     Graph,
+    Op,
     gc_paused,
     gradient_input,
     op_signatures,
@@ -708,9 +709,7 @@ def _gradient_structure(
     # the step returns and the gradients too, as the gradient reads what it computed.
     # (its floating-point scalars: what else it returns, a gradient an optimizer passes
     # through tf.identity, each seed reaches of its own)
-    results = [r for r in step_results(graph) if ops[r].outputs and (
-        spec := ops[r].outputs[0]).dtype in _FLOATS and spec.shape is not None
-        and all(d == 1 for d in spec.shape)]
+    results = [r for r in step_results(graph) if _float_scalar(ops[r])]
     reached = {s: frozenset(r for r in results if below_of[s][r]) for s in seeds}
     in_loss = {t for t in seeds if any(reached[u] < reached[t] for u in seeds)}
     # Every gradient depends on the seed: a constant 1 in the loss (a loss weight of one
@@ -783,11 +782,8 @@ def _gradient_structure(
             if below_seed[c] or meets[c]:
                 meets[i] = True
                 break
-        if from_input[i] and not backward[i] and cat[i] is None and ops[i].outputs:
-            spec = ops[i].outputs[0]
-            if spec.dtype in _FLOATS and spec.shape is not None and all(
-                    d == 1 for d in spec.shape):
-                apart.append(i)
+        if from_input[i] and not backward[i] and cat[i] is None and _float_scalar(ops[i]):
+            apart.append(i)
     apart.reverse()
     pool = [i for i in apart if not meets[i]] or apart
     if not pool:
@@ -920,6 +916,17 @@ def _find_seed(graph: Graph, topo: tuple[int, ...], cat: list[str | None]) -> in
 
     best = max(seeds, key=lambda s: (reach(s), -s), default=None)
     return best
+
+
+def _float_scalar(op: Op) -> bool:
+    """Whether ``op``'s first output is a floating-point scalar (every dimension 1).
+
+    A loss is one.
+    """
+    if not op.outputs:
+        return False
+    spec = op.outputs[0]
+    return spec.dtype in _FLOATS and spec.shape is not None and all(d == 1 for d in spec.shape)
 
 
 def _pick_loss(graph: Graph, candidates: list[int]) -> int | None:
