@@ -286,6 +286,7 @@ def test_highs_stopped_early_returns_its_feasible_choice(monkeypatch):
         opts.append(Option(f"t{k}", "swap" if k % 2 else "recompute", lo, hi,
                            int(rng.integers(1, 30)) * 1000, float(rng.uniform(0.01, 1.0)),
                            ("c",), "t", (), (), f"buf{k}"))
+    monkeypatch.setattr(planners, "PATIENT_SECONDS", 60.0)  # the optimum, however loaded
     best = solve(opts, live, 40_000)
     monkeypatch.setattr(planners, "PATIENT_SECONDS", 0.0)
     monkeypatch.setattr(planners, "GAP_PER_SECOND", 1e9)
