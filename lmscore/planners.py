@@ -538,17 +538,6 @@ def _highs(cost: np.ndarray, blocks: list[tuple[Any, float, float]], lower: np.n
     lp.a_matrix_.value_ = a.data
     lp.integrality_ = [highspy.HighsVarType.kInteger] * n_int + [
         highspy.HighsVarType.kContinuous] * (a.shape[1] - n_int)
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("threads", 1)
-    h.setOptionValue("time_limit", float(time_limit))
-    h.setOptionValue("mip_rel_gap", 1e-3)
-    # HiGHS 1.13-1.16 declare some of these problems infeasible at its default 1e-6, where
-    # HiGHS 1.12 finds the optimum (the zoo's EfficientNetB0 at batch 49,974 over PCIe 3, in
-    # the memory-aware order: 0.08 s to "infeasible", against 11.38 s of swaps exactly
-    # within every row); at 1e-9 it finds it in 0.15 s
-    h.setOptionValue("mip_feasibility_tolerance", 1e-9)
-    h.passModel(lp)
     started = time.perf_counter()
 
     def enough(event: Any) -> None:
@@ -559,8 +548,21 @@ def _highs(cost: np.ndarray, blocks: list[tuple[Any, float, float]], lower: np.n
         if waited > 0 and out.mip_gap <= GAP_PER_SECOND * waited:
             event.interrupt()
 
-    h.cbMipInterrupt.subscribe(enough)
-    with native_output_silenced(1):  # HiGHS' MIP solver prints a stray line to stdout
+    # HiGHS 1.16 prints a banner to stdout when made, its MIP solver a stray line when it
+    # runs: either would break the command line's --json output
+    with native_output_silenced(1):
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("threads", 1)
+        h.setOptionValue("time_limit", float(time_limit))
+        h.setOptionValue("mip_rel_gap", 1e-3)
+        # HiGHS 1.13-1.16 call some of these problems infeasible at their default 1e-6,
+        # where HiGHS 1.12 finds the optimum (the zoo's EfficientNetB0 at batch 49,974 over
+        # PCIe 3, in the memory-aware order: 0.08 s to "infeasible", against 11.38 s of
+        # swaps exactly within every row); at 1e-9 it finds it in 0.15 s
+        h.setOptionValue("mip_feasibility_tolerance", 1e-9)
+        h.passModel(lp)
+        h.cbMipInterrupt.subscribe(enough)
         h.run()
     status = h.getModelStatus()
     message = h.modelStatusToString(status)
