@@ -693,7 +693,7 @@ def _print_tuned_verdict(v: Any) -> None:
     within = v.within_tuned_device
     if within is None:
         return
-    peak = max(v.rewritten_runs or (v.measured_device_peak_bytes["rewritten"],))
+    peak = v.measured_device_peak_bytes["rewritten"]  # the largest of the runs
     device = v.tuned_device_bytes
     if within:
         print(f"  fits: every run within the {format_bytes(device)} device the plan was "

@@ -252,8 +252,8 @@ class PlanValidation:
         """
         if not self.tuned_device_bytes:
             return None
-        return max(self.rewritten_runs or (self.measured_device_peak_bytes["rewritten"],)
-                   ) <= self.tuned_device_bytes
+        # (the rewritten step's measured peak is the largest of its runs)
+        return self.measured_device_peak_bytes["rewritten"] <= self.tuned_device_bytes
 
     @property
     def diverged(self) -> bool:
@@ -495,7 +495,7 @@ def _tuned_for(plan: Any, batch_size: int) -> dict[str, Any]:
     Empty unless the plan records them (a tuned plan does) for this batch size: at another
     batch the step is another step.
     """
-    params = getattr(plan, "params", None) or {}
+    params = plan.params or {}
     device, workspace = params.get("device_bytes"), params.get("workspace")
     if (not isinstance(device, int) or device <= 0 or not isinstance(workspace, str)
             or params.get("batch_size", batch_size) != batch_size):
