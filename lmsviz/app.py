@@ -56,6 +56,7 @@ def create_app(
     max_jobs: int = state.DEFAULT_MAX_JOBS,
     job_wait: float = state.DEFAULT_JOB_WAIT,
     max_ops: int = state.DEFAULT_SERVER_MAX_OPS,
+    freeze_results: bool = False,
 ) -> dash.Dash:
     """Build the Dash app with ``initial_graph`` loaded.
 
@@ -77,6 +78,9 @@ def create_app(
         Seconds a request waits for a slot before it is refused as "server busy".
     max_ops : int
         Largest graph loaded, in ops; the graph and result caches hold twice that at most.
+    freeze_results : bool
+        Keep cached results out of the garbage collector's walks
+        (:func:`lmsviz.state.settle_heap`; process-wide, so :func:`run` sets it).
 
     Returns
     -------
@@ -89,7 +93,7 @@ def create_app(
     """
     ctx = state.new_context(initial_graph, batch_size, upload_cap_bytes=upload_cap_bytes,
                             data_dir=data_dir, max_jobs=max_jobs, job_wait=job_wait,
-                            max_ops=max_ops)
+                            max_ops=max_ops, freeze_results=freeze_results)
     app = dash.Dash(
         __name__, title="lms studio", update_title=None, assets_folder=str(assets_dir()),
         background_callback_manager=_background_manager(ctx.jobs_dir),
@@ -143,7 +147,7 @@ def run(host: str = "127.0.0.1", port: int = 8050, debug: bool = False, **kwargs
     **kwargs
         Passed to :func:`create_app`.
     """
-    app = create_app(**kwargs)
+    app = create_app(**{"freeze_results": True, **kwargs})
     print(f"lms studio on http://{host}:{port}/ (Ctrl-C to stop)", flush=True)
     app.run(host=host, port=port, debug=debug, dev_tools_ui=debug, use_reloader=False)
 

@@ -169,6 +169,58 @@ def test_bounded_cache_bounds_the_total_weight_and_keeps_the_newest():
     assert (len(c), c.weight, c.get("huge")) == (1, 500, 5)
 
 
+def test_bounded_cache_counts_the_weight_it_evicts():
+    c = state.BoundedCache(2, max_weight=100)
+    c.put("a", 1, 30)
+    c.put("a", 2, 50)  # replaced, not evicted
+    c.put("b", 3, 40)
+    c.put("c", 4, 20)  # count bound: a goes
+    c.put("d", 5, 90)  # weight bound: b and c go
+    assert (c.evicted, c.weight) == (50 + 40 + 20, 90)
+
+
+class _Gc:
+    """What :func:`state.settle_heap` asks of the garbage collector, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str):
+        return lambda *a: self.calls.append(name)
+
+
+def test_settle_heap_freezes_results_and_collects_once_enough_was_evicted(
+        tmp_path, monkeypatch):
+    ctx = state.new_context("mlp", None, upload_cap_bytes=2**20, data_dir=tmp_path)
+    fake = _Gc()
+    monkeypatch.setattr(state, "gc", fake)
+    state.settle_heap(ctx)
+    assert fake.calls == []  # off unless the server asks: freezing is process-wide
+    ctx.freeze_results = True
+    state.settle_heap(ctx)
+    assert fake.calls == ["freeze"]
+    live = ctx.results.weight + ctx.graphs.weight
+    ctx.results.evicted += state.COLLECT_AFTER_EVICTED * live  # not yet more than that
+    fake.calls.clear()
+    state.settle_heap(ctx)
+    assert fake.calls == ["freeze"]
+    ctx.results.evicted += 1
+    fake.calls.clear()
+    state.settle_heap(ctx)
+    assert fake.calls == ["unfreeze", "collect", "freeze"]
+    fake.calls.clear()
+    state.settle_heap(ctx)  # counted from that collection on
+    assert fake.calls == ["freeze"]
+
+
+def test_a_new_result_settles_the_heap(tmp_path, monkeypatch):
+    ctx = state.new_context("mlp", None, upload_cap_bytes=2**20, data_dir=tmp_path)
+    settled: list[int] = []
+    monkeypatch.setattr(state, "settle_heap", lambda c: settled.append(len(c.results)))
+    assert ctx.compute(("k",), lambda: 7, "test") == 7 and settled == [1]
+    assert ctx.compute(("k",), lambda: 8, "test") == 7 and settled == [1]  # a hit: no
+
+
 def test_the_caches_of_the_server_are_bounded_by_its_op_limit(tmp_path):
     # mlp: 307 ops, lstm: 395 in the IR (598 with its loop bodies), vgg16: 694
     ctx = state.new_context("mlp", None, upload_cap_bytes=2**20, data_dir=tmp_path,
