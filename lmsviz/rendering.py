@@ -113,6 +113,7 @@ def _render(app: AppContext, session: dict[str, Any], *, full: bool, data: bool)
         budget=budget,
         hover_before=hover_before,
         hover_after=hover_after,
+        fixed=sim.persistent_bytes + sim.input_bytes,
     )
     level = view.get("level")
     table_level = level if level is not None else (after.peak_level if after else sim.peak_level)
@@ -520,13 +521,11 @@ def _hover(app: AppContext, base: Base, after: After | None) -> list[str]:
 
     def compute() -> list[str]:
         if after is None:
-            sim, tops = base.sim, dominant_by_level(base.loaded.graph, base.sim)
-            values, label = sim.device_curve, "device, before"
+            values, tops = base.sim.device_curve, dominant_by_level(base.loaded.graph, base.sim)
         else:
-            sim, tops = after.sim, after.evaluation.dominant()
-            values, label = after.device, "device, with the plan"
+            values, tops = after.device, after.evaluation.dominant()
         pairs = [[(r.what, r.bytes) for r in row] for row in tops]
-        return figures.level_hover(values, pairs, sim.persistent_bytes + sim.input_bytes, label)
+        return figures.level_hover(values, pairs)
 
     digest = "" if after is None else after.digest
     return app.results.get_or_compute(

@@ -133,12 +133,17 @@ def test_the_memory_axis_reads_gib_and_mib():
 def test_the_curve_hover_says_what_dominates_a_level():
     text = figures.level_hover([3 * MIB, 5 * GIB],
                                [[("kept a:0", 2 * MIB)], [("swap-in of b:0", 4 * GIB),
-                                                          ("recomputed c:0", MIB)]], MIB)
-    assert text[1] == ("device, level 1: 5.00 GiB<br>swap-in of b:0: 4.00 GiB<br>"
-                       "recomputed c:0: 1.0 MiB<br>persistent + inputs: 1.0 MiB")
-    curves = figures.Curves(before=[3 * MIB, 5 * GIB], after=[1, 2], hover_after=["x", "y"])
+                                                          ("recomputed c:0", MIB)]])
+    assert text[1] == "5.00 GiB<br>swap-in of b:0: 4.00 GiB<br>recomputed c:0: 1.0 MiB"
+    curves = figures.Curves(before=[3 * MIB, 5 * GIB], after=[1, 2], hover_after=["x", "y"],
+                            fixed=MIB)
     traces = figures.memory_traces(curves)
     assert list(traces[1].text) == ["x", "y"]
+    # the curve, the level and what every level holds: once, in the template
+    assert traces[1].hovertemplate == ("device, after, level %{x}: %{text}"
+                                       "<br>persistent + inputs: 1.0 MiB<extra></extra>")
+    assert "persistent" not in figures.memory_traces(
+        figures.Curves(before=[1], hover_before=["x"]))[0].hovertemplate
 
 
 def test_the_studio_figure_zooms_to_a_window():
