@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import dash
@@ -241,6 +241,10 @@ def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1,
         listed = []
         for r in after.evaluation.on_device(level):
             t = live_row(base, r.of) if r.of else None
+            if t is None and r.of and base.row(r.of) is not None:
+                # a view the plan swaps (a Reshape's output) whose buffer's row names
+                # another of its tensors: the row of the tensor the plan decides on
+                t = replace(base.row(r.of), tensor=r.of, swap_tensor=r.of)
             if t is None:  # a workspace of the rewritten step: no tensor to toggle
                 t = lmscore.LiveTensor(tensor=r.tensor, bytes=r.bytes, producer_level=level,
                                        last_use_level=level, distance=0, category="—",

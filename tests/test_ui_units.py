@@ -1051,3 +1051,26 @@ def test_a_forked_tab_gets_a_copy_of_the_plans_and_nothing_else(tmp_path):
     assert not ctx.fork_tab("../" + old, state.new_tab_id())
     assert not ctx.fork_tab(old, "../escape")
     assert sorted(p.name for p in ctx.plans_dir.iterdir()) == sorted([old, new])
+
+
+def test_a_swapped_view_is_listed_as_swapped_and_can_be_unswapped(tmp_path):
+    # the knobs swap a Reshape's output, a view of a buffer whose row names another of its
+    # tensors: its swap-in was listed as a "kernel workspace" nobody could toggle
+    c = state.new_context("unet3d", None, upload_cap_bytes=MIB, data_dir=tmp_path)
+    s = session(c)
+    up = edits.apply_knobs(c, s["graph"], s["settings"],
+                           {"threshold": 1, "ahead": 1, "groupby": 5, "sync_mode": 0})
+    loaded = c.resolve(s["graph"])
+    base = results.base_of(c, loaded, s["settings"]["batch"])
+    plan = results.plan_of(c, loaded, up.plan["json"])
+    after = results.after_of(c, base, plan)
+    views = [r for lvl in range(len(base.sim.device_curve))
+             for r in rendering.hotspot_rows(base, plan, lvl, after=after)
+             if r["held"] == "swap-in" and results.live_row(base, r["tensor"]) is None]
+    assert views, "the sample's knob plan no longer swaps a view"
+    row = views[0]
+    assert row["tensor"] in plan.swapped() and row["decision"] == rendering.SWAPPED
+    assert row["swap"] == rendering.SWAP_ON and row["category"] != "—"
+    assert "workspace" not in row["swappable"] + row["recomputable"]
+    down = edits.toggle_swap(c, s["graph"], up.settings, up.plan, s["view"], row["id"])
+    assert not down.error and row["tensor"] not in plan_from_json(down.plan["json"]).swapped()
