@@ -855,7 +855,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             workers = args.workers or _cores()
             report["max_batch_bound"], report["max_batch_bound_op"] = bound_batch(
                 graph, budget, device=args.device, safety=args.safety,
-                workspace=args.workspace, workers=workers)
+                workspace=args.workspace)
             without, with_rw = max_batch(graph, budget, strategy=args.strategy,
                                          progress=lambda f, m: bar(None, f"largest batch: {m}"),
                                          tuned=tried, bound=report["max_batch_bound"],

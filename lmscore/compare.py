@@ -16,10 +16,18 @@ from dataclasses import dataclass
 
 from .evaluate import PlanEvaluation, evaluate_plan
 from .ir import Graph
-from .memory import Simulation, fits, host_memory_limit, simulate
+from .memory import Simulation, fit_margin, fits, host_memory_limit, simulate
 from .plan import Plan
 from .shapes import Sizes, resolve
-from .tune import DEVICES, _max_true, bound_batch, op_seconds, plan_seconds, preset, tune
+from .tune import (
+    DEVICES,
+    _largest_by_margin,
+    bound_batch,
+    op_seconds,
+    plan_seconds,
+    preset,
+    tune,
+)
 
 
 @dataclass(frozen=True)
@@ -292,7 +300,8 @@ def batch_sweep(
             memo[b] = sizes, simulate(graph, b, sizes=sizes, workspace=workspace)
         return memo[b]
 
-    without = _max_true(lambda b: fits(at(b)[1], device_bytes, safety), limit)
+    without = _largest_by_margin(lambda b: (fit_margin(at(b)[1], device_bytes, safety), None),
+                                 limit)[0]
     bound_b, bound_op = (bound_batch(graph, device_bytes, device=device, safety=safety,
                                      workspace=workspace, limit=limit) if bound else (0, ""))
     bound_b = max(bound_b, without) if bound else 0  # the unplanned step is a plan too

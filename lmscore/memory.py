@@ -250,8 +250,20 @@ def fits(sim: Simulation, device_bytes: int, safety: float = 1.0,
     """
     if host_bytes is not None and sim.host_peak_bytes > host_bytes:
         return False
-    return sim.worst_peak_bytes - sim.persistent_bytes <= transient_budget(
-        device_bytes, sim.persistent_bytes, safety)
+    return fit_margin(sim, device_bytes, safety) >= 0
+
+
+def fit_margin(sim: Simulation, device_bytes: int, safety: float = 1.0) -> int:
+    """Device bytes a simulated step leaves to spare under :func:`fits`'s test.
+
+    Negative: how far over it the step is. Host memory is not part of it.
+
+    >>> sim = Simulation((100,), (30,), 100, 0, 40, 0, 60, 30, (), (), 1)
+    >>> fit_margin(sim, 100), fit_margin(sim, 99), fit_margin(sim, 100, safety=0.9)
+    (0, -1, -6)
+    """
+    return transient_budget(device_bytes, sim.persistent_bytes, safety) - (
+        sim.worst_peak_bytes - sim.persistent_bytes)
 
 
 #: TensorFlow's limit of its pinned host allocator (``gpu_host_bfc``, where swapped

@@ -144,3 +144,62 @@ def test_quick_answers_are_asked_here_after_the_first_workers():
     here = [b for b, (_, in_parent) in answers.items() if in_parent]
     # the start, then two at once: when the second answer is in, the third is running
     assert len(answers) - len(here) == 3 and len(here) >= 5
+
+
+@st.composite
+def _falling_margins(draw):
+    """A margin that falls with the batch: a line with steps, bends and caps, like memory
+    (sizes linear in the batch, workspaces capped, the allocator's rounding)."""
+    fixed = draw(st.integers(-50, 10**7))
+    slope = draw(st.integers(0, 10**5))
+    bend = draw(st.integers(0, 50))
+    cap = draw(st.integers(1, 10**6))
+    step_at = draw(st.integers(1, 70_000))
+    step = draw(st.integers(0, 10**6))
+    rate = draw(st.integers(0, 1000))
+
+    def margin(b: int) -> int:
+        return (fixed - slope * b - bend * b * b // 100 - min(cap, 7 * b)
+                - (step if b > step_at else 0) - 256 * -(-rate * b // 256))
+    return margin
+
+
+def _by_margin_oracle(margin, limit: int) -> int:
+    """Largest b in [1, limit] whose margin is at least 0 (margins fall, so bisect)."""
+    lo, hi = 0, limit + 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if margin(mid) >= 0 else (lo, mid)
+    return lo
+
+
+@settings(max_examples=400, deadline=None)
+@given(margin=_falling_margins(), limit=st.integers(1, 1 << 16))
+def test_the_margin_search_finds_the_largest_batch_within_the_margin(margin, limit):
+    from lmscore.tune import _largest_by_margin
+
+    asked: list[int] = []
+
+    def ask(b: int):
+        assert 1 <= b <= limit and b not in asked
+        asked.append(b)
+        return margin(b), b
+
+    got, answers = _largest_by_margin(ask, limit)
+    assert got == _by_margin_oracle(margin, limit)
+    assert sorted(answers) == sorted(asked) and answers[asked[0]] == (margin(asked[0]), asked[0])
+    # never much worse than doubling then bisection (2 log2 of the limit)
+    assert len(asked) <= 3 * (limit.bit_length() + 1)
+
+
+def test_the_margin_search_asks_a_few_batches_on_a_line():
+    from lmscore.tune import _largest_by_margin
+
+    asked: list[int] = []
+
+    def ask(b: int):
+        asked.append(b)
+        return 50_189_700 - 1000 * b - 256 * -(-37 * b // 256), None  # 256-byte rounding
+
+    assert _largest_by_margin(ask, 1 << 16)[0] == 48_398
+    assert len(asked) <= 6  # doubling then bisection: 32

@@ -157,7 +157,6 @@ def test_max_batch_is_the_tuners_answer_and_the_bound_only_saves_tries():
     assert max_batch(g, budget, link="nvlink2", bound=bound, tuned=forked,
                      workers=2) == (without, with_rw)
     assert with_rw == bound or not forked[with_rw + 1].fits
-    assert bound_batch(g, budget, workers=2) == (bound, op)
     assert max_batch(g, budget, rewrite_plans=False) == (without, without)
 
 
