@@ -166,3 +166,24 @@ def test_the_schedulers_buffers_keep_views_and_split_in_place_results():
     assert list(zip(names, nbytes, [sorted(g.ops[r].name for r in rs) for rs in readers],
                     strict=True)) == [
         ("g", 4000, ["a", "m"]), ("m", 4000, ["s", "v"]), ("a", 32, []), ("s", 32, [])]
+
+
+def test_a_rewritten_step_keeps_its_originals_categories_and_a_clone_its_originals():
+    from lmscore.plan import Recompute
+    from lmscore.rewrite import rewrite
+    from lmscore.schedule import _categories_by_origin
+
+    g = tiny_step()
+    plan = Plan(fingerprint(g), recomputes=(Recompute("act:0", ("act",), ("g_relu",), "g_tile"),),
+                swaps=(Swap("mm:0", (SwapIn(("act",), None),)),), pin_schedule=True)
+    rw = rewrite(g, plan).graph
+    got = dict(zip((op.name for op in rw.ops), _categories_by_origin(rw, order(rw)),
+                   strict=True))
+    assert {k: got[k] for k in TINY_CATEGORIES} == TINY_CATEGORIES
+    added = {op.name: op for op in rw.ops if op.name not in TINY_CATEGORIES}
+    clone = next(n for n, op in added.items() if op.attrs.get("_lms_clone_of") == "act")
+    assert got[clone] == "forward"
+    assert all(got[n] == "" for n in added if n != clone)  # the swap's ops: their role
+    # what classifying the rewritten step again says of its original ops
+    again = dict(zip((op.name for op in rw.ops), order(rw).categories, strict=True))
+    assert {k: again[k] for k in TINY_CATEGORIES} == TINY_CATEGORIES
