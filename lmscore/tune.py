@@ -683,8 +683,11 @@ def _tune(graph, batch_size, budget_bytes, *, device, link, safety, strategy, wo
     # more than the MILP's optimum predicted: their MILPs, over fewer options, predict no
     # less, but may be the ones whose predictions hold. All share one context.
     if not per.fits or _costs_more_than_solved(best, per, base_seconds):
-        best = _best((best, swap or _per_tensor("swap", *args),
-                      _per_tensor("recompute", *args)))
+        # a plan that fits beats every plan that does not (_best): with one in hand, what
+        # stops a candidate from fitting is not worth finding out (diagnose)
+        more = {"diagnose": not best.fits}
+        best = _best((best, swap or _per_tensor("swap", *args, **more),
+                      _per_tensor("recompute", *args, **more)))
     if not best.fits:
         best = _checkpointed(*args) or best
     return replace(best, strategy="hybrid", evaluations=ctx.evaluations)
@@ -904,16 +907,18 @@ def _verify(graph, batch, swaps, knobs, budget, memory, base, base_seconds, stra
 
 
 def _per_tensor(strategy, graph, batch, ctx, budget, memory, safety, workspace, min_peak,
-                bound, base_seconds, report, stop) -> TuneResult:
+                bound, base_seconds, report, stop, diagnose: bool = True) -> TuneResult:
     """Plan per tensor (:mod:`lmscore.planners`), then check with the full simulation.
 
     While the rewritten step does not fit, the MILP is solved again for a budget lowered
     by the overshoot: the MILP does not see the clones' intermediate buffers, the link's
-    queue or where triggers land in the rewritten schedule.
+    queue or where triggers land in the rewritten schedule. Without ``diagnose``, a
+    MILP that host memory makes infeasible ends the search there, without planning for
+    the device alone to say what stops it (the plan that result would carry does not fit).
     """
     base = ctx.base
     best, knobs = _solve_and_check(strategy, graph, batch, ctx, (), budget, memory, safety,
-                                   workspace, report, stop, base)
+                                   workspace, report, stop, base, diagnose)
     if best is None or not best[2]:
         # The executor's order runs parallel branches op by op in alternation, and what
         # is on the device there cannot all be freed: plan again in a memory-aware order.
@@ -926,7 +931,8 @@ def _per_tensor(strategy, graph, batch, ctx, budget, memory, safety, workspace, 
             ctx.rescheduled[1].host_limit = ctx.host_limit
         names, other = ctx.rescheduled
         again, knobs2 = _solve_and_check(strategy, graph, batch, other, names, budget,
-                                         memory, safety, workspace, report, stop, base)
+                                         memory, safety, workspace, report, stop, base,
+                                         diagnose)
         ctx.evaluations += other.evaluations
         other.evaluations = 0
         if again is not None and (best is None or again[2] or again[0].after.worst_peak_bytes
@@ -944,11 +950,12 @@ def _per_tensor(strategy, graph, batch, ctx, budget, memory, safety, workspace, 
 
 
 def _solve_and_check(strategy, graph, batch, ctx, schedule, budget, memory, safety, workspace,
-                     report, stop, before):
+                     report, stop, before, diagnose: bool = True):
     """Solve the MILP on ``ctx``'s order and evaluate its plan in full, up to 8 times.
 
     Returns ``((evaluation, seconds, fits), knobs)``: the first plan that fits, else the
-    one with the smallest peak (None if the MILP found none).
+    one with the smallest peak (None if the MILP found none). ``diagnose``: see
+    :func:`_per_tensor`.
     """
     report(0.1, "options per tensor")
     step = ctx.graph  # the original, or the original in ``schedule``'s order
@@ -979,7 +986,7 @@ def _solve_and_check(strategy, graph, batch, ctx, schedule, budget, memory, safe
             sol = solve(opts, live, target, host_limit=ctx.host_limit)
             ctx.evaluations += 1
         host_bound = False
-        if not sol.feasible and best is None and sol.host_rows:
+        if not sol.feasible and best is None and sol.host_rows and diagnose:
             # would the device alone take a plan? Then the host is what stops it (without
             # host rows the MILP was the device's alone already)
             sol, host_bound = solve(opts, live, target), True

@@ -194,6 +194,28 @@ def test_host_memory_limit(strategy):
         assert "host memory stops it" in r.message and "3.91 KiB on the host" in r.message
 
 
+def test_a_candidate_the_host_stops_is_planned_for_the_device_only_to_say_so(monkeypatch):
+    # hybrid fits long_edge by recomputing a:0; swapping it needs 4000 B of host memory
+    import importlib
+
+    tune_module = importlib.import_module("lmscore.tune")  # the package exports tune()
+
+    calls: list[tuple] = []
+    original = tune_module._per_tensor
+
+    def spy(strategy, *args, **kwargs):
+        calls.append(args)
+        return original(strategy, *args, **kwargs)
+
+    monkeypatch.setattr(tune_module, "_per_tensor", spy)
+    assert tune(long_edge(), 1, 6000, safety=1.0, strategy="hybrid", host_memory=3999).fits
+    args = calls[0]
+    told = original("swap", *args)  # diagnosed: the device's own plan, and what stops it
+    assert not told.fits and told.limited_by == "host" and told.plan.swaps
+    quiet = original("swap", *args, diagnose=False)  # what hybrid asks with a fit in hand
+    assert not quiet.fits and quiet.plan.swaps == () and quiet.plan.recomputes == ()
+
+
 def test_host_memory_default_is_tensorflows(monkeypatch):
     monkeypatch.delenv("TF_GPU_HOST_MEM_LIMIT_IN_MB", raising=False)
     assert tune(long_edge(), 1, 6000, safety=1.0).host_limit_bytes == 128 * 2**30
