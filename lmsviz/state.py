@@ -232,8 +232,9 @@ def settle_heap(ctx: AppContext) -> None:
     one). Results are kept for many requests, so after each is stored everything alive is
     frozen (:func:`gc.freeze`, constant time): collections then walk only what the
     current requests made. Evicted entries are freed by reference counting; the few
-    cycles among them (100 objects after 20 knob changes) wait for a full collection once
-    :data:`COLLECT_AFTER_EVICTED` times the cached weight has been evicted.
+    cycles among them (100 objects after 20 knob changes), and those of what another
+    request held when the heap was frozen (a plotly figure is one), wait for a full
+    collection once :data:`COLLECT_AFTER_EVICTED` times the cached weight has been evicted.
     """
     if not ctx.freeze_results:
         return
