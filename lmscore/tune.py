@@ -1135,9 +1135,11 @@ def max_batch(
 ) -> tuple[int, int]:
     """Largest batch that fits without rewriting, and with the tuned rewrite.
 
-    Both are found by doubling then bisection (fitting is monotone in the batch size).
-    Without rewriting, a batch fits when its simulated step does (:func:`lmscore.memory.fits`,
-    what :func:`tune` checks before it plans anything). Returns ``(without, with)``; 0 when
+    Fitting is monotone in the batch size. Without rewriting, a batch fits when its
+    simulated step does (:func:`lmscore.memory.fits`, what :func:`tune` checks before it
+    plans anything), found where its margin (:func:`lmscore.memory.fit_margin`) crosses
+    zero (:func:`_largest_by_margin`); with the rewrite, by doubling then bisection
+    (:func:`_largest_batch`). Returns ``(without, with)``; 0 when
     not even batch 1 fits. Each batch tried with the rewrite is tuned until a plan fits
     (``hybrid`` stops at the swap planner's plan or its own, where one fits, and weighs
     neither against the knobs' plan), so ``with`` is where :func:`tune` stops fitting.
