@@ -90,7 +90,13 @@ def test_swaps_of_one_level_get_their_own_heights_and_edges():
     # producer->out, out->in, in->consumer per swap: 9 distinct segments
     segs = {tuple(np.round(edges.y[k:k + 2], 3)) for k in range(0, len(edges.y), 3)}
     assert len(edges.x) == 27 and len(segs) == 9
-    assert "1.0 KiB" in marks.text[0]
+    # the hover as Plotly fills its template: the tensor's name only once, as customdata
+    hover = [marks.hovertemplate.replace("%{text}", t).replace("%{customdata}", c)
+             .replace("%{hovertext}", h).removesuffix("<extra></extra>")
+             for t, c, h in zip(marks.text, marks.customdata, marks.hovertext, strict=True)]
+    assert hover[0] == "swap-out of net/op2:0 · 1.0 KiB<br>level 2 (to host)"
+    assert hover[1] == "swap-in 0 of net/op2:0 · 1.0 KiB<br>trigger level 6, serves 1 op(s)"
+    assert list(marks.customdata) == [f"net/op2:{k}" for k in range(3) for _ in range(2)]
     traces, _ = figures.window_traces(ops, pos, None, (5, 9), swaps)
     swap_marks = traces[4]
     assert list(swap_marks.x) == [6.0, 6.0, 6.0]  # the swap-ins, not the swap-outs at 2
