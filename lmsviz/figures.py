@@ -495,13 +495,12 @@ class _SwapLayout:
 
     x: np.ndarray
     y: np.ndarray
-    text: list[str]
     label: list[str]
     tensor: list[str]
     edges: list[tuple[float, float, float, float]]
     triggers: list[tuple[float, float, float, float]]
-    kind: list[str]  # "swap-out", "swap-in 0": what ``text`` says before "of <tensor>"
-    tail: list[str]  # what ``text`` says after the tensor's name
+    kind: list[str]  # "swap-out", "swap-in 0": the hover says "<kind> of <tensor><tail>"
+    tail: list[str]  # size, and where it runs
 
 
 def _swap_layout(swaps: Sequence[SwapDraw], positions: tuple[np.ndarray, np.ndarray]
@@ -523,7 +522,6 @@ def _swap_layout(swaps: Sequence[SwapDraw], positions: tuple[np.ndarray, np.ndar
     in_y = _spread(ins, lane_y, -1)
     mx: list[float] = []
     my: list[float] = []
-    text: list[str] = []
     label: list[str] = []
     tensor: list[str] = []
     kind: list[str] = []
@@ -539,7 +537,6 @@ def _swap_layout(swaps: Sequence[SwapDraw], positions: tuple[np.ndarray, np.ndar
         my.append(oy)
         kind.append("swap-out")
         tail.append(f"{size}<br>level {int(px)} (to host)")
-        text.append(f"{kind[-1]} of {s.tensor}{tail[-1]}")
         label.append(f"out {short_name(s.tensor)}")
         tensor.append(s.tensor)
         for k, (consumers, trig) in enumerate(s.groups):
@@ -555,11 +552,10 @@ def _swap_layout(swaps: Sequence[SwapDraw], positions: tuple[np.ndarray, np.ndar
             how = f"trigger level {int(ix)}" if trig is not None else "synchronous"
             kind.append(f"swap-in {k}")
             tail.append(f"{size}<br>{how}, serves {len(consumers)} op(s)")
-            text.append(f"{kind[-1]} of {s.tensor}{tail[-1]}")
             label.append(f"in {short_name(s.tensor)}")
             tensor.append(s.tensor)
-    return _SwapLayout(np.asarray(mx), np.asarray(my), text, label, tensor, edges, triggers,
-                       kind, tail)
+    return _SwapLayout(np.asarray(mx), np.asarray(my), label, tensor, edges, triggers, kind,
+                       tail)
 
 
 def overlay_traces(
@@ -898,7 +894,7 @@ def window_traces(
     in_win = [k for k in range(len(lay.x)) if lo - 0.5 <= lay.x[k] <= hi + 0.5]
     mx = [float(lay.x[k]) for k in in_win]
     my = [float(lay.y[k]) for k in in_win]
-    mtext = [lay.text[k] for k in in_win]
+    mtext = [f"{lay.kind[k]} of {lay.tensor[k]}{lay.tail[k]}" for k in in_win]
     mlabel = [lay.label[k] for k in in_win]
     msym = ["diamond"] * len(in_win)
     mcolor = [LANE_COLORS["swap"]] * len(in_win)
