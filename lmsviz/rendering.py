@@ -25,7 +25,7 @@ from lmscore.plan import Plan, Recompute, empty_plan
 from lmscore.units import format_bytes, parse_bytes
 
 from . import figures
-from .results import After, Base, after_of, base_of, live_row, plan_digest, plan_of
+from .results import After, Base, after_of, base_of, plan_digest, plan_of
 from .state import (
     AppContext,
     LoadedGraph,
@@ -240,11 +240,11 @@ def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1,
     else:
         listed = []
         for r in after.evaluation.on_device(level):
-            t = live_row(base, r.of) if r.of else None
-            if t is None and r.of and base.row(r.of) is not None:
+            t = base.row(r.of) if r.of else None
+            if t is not None and r.of not in (t.tensor, t.swap_tensor):
                 # a view the plan swaps (a Reshape's output) whose buffer's row names
                 # another of its tensors: the row of the tensor the plan decides on
-                t = replace(base.row(r.of), tensor=r.of, swap_tensor=r.of)
+                t = replace(t, tensor=r.of, swap_tensor=r.of)
             if t is None:  # a workspace of the rewritten step: no tensor to toggle
                 t = lmscore.LiveTensor(tensor=r.tensor, bytes=r.bytes, producer_level=level,
                                        last_use_level=level, distance=0, category="—",
