@@ -685,9 +685,9 @@ def _tune(graph, batch_size, budget_bytes, *, device, link, safety, strategy, wo
     if not per.fits or _costs_more_than_solved(best, per, base_seconds):
         # a plan that fits beats every plan that does not (_best): with one in hand, what
         # stops a candidate from fitting is not worth finding out (diagnose)
-        more = {"diagnose": not best.fits}
-        best = _best((best, swap or _per_tensor("swap", *args, **more),
-                      _per_tensor("recompute", *args, **more)))
+        diagnose = not best.fits
+        best = _best((best, swap or _per_tensor("swap", *args, diagnose=diagnose),
+                      _per_tensor("recompute", *args, diagnose=diagnose)))
     if not best.fits:
         best = _checkpointed(*args) or best
     return replace(best, strategy="hybrid", evaluations=ctx.evaluations)
