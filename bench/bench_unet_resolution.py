@@ -8,8 +8,8 @@ training steps of the ``unet3d`` sample (``sample_graphs/generate.py``: 4 levels
 filters, Adam, batch 1), traced at cubic input sizes that are multiples of 16 (the network
 pools three times, so every level keeps an integer size):
 
-(a) the largest size whose unswapped step fits: ``tune(g, 1, 16 GiB, workspace="none")``
-    fits with an empty plan;
+(a) the largest size whose unswapped step fits: ``tune(g, 1, 16 GiB)`` (the default
+    accelerator workspace model, as ``lms tune``) fits with a plan that changes nothing;
 (b) the largest size that fits with the tuned rewrite (``result.fits``).
 
 Both are found by doubling then bisection over the candidate sizes (fitting is monotone in
@@ -30,7 +30,7 @@ the largest swapped size on NVLink 2.0 and PCIe 3.0.
 Options: ``--sizes`` restricts the candidates to the given sizes (multiples of 16, e.g.
 already cached ones); ``--quick`` searches multiples of 64 only; ``--link`` is the link the
 search tunes for (default ``nvlink2``, the papers' POWER9 + V100 machines); ``--retrace``
-ignores cached graphs. All figures are simulated (workspace "none", the accelerator model).
+ignores cached graphs. All figures are simulated (workspace "accelerator", the default).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class Probe:
 
     @property
     def plain(self) -> bool:
-        return self.result.fits and not self.result.plan.swaps
+        return self.result.fits and self.result.plan.changes_nothing()
 
     @property
     def tuned(self) -> bool:
@@ -144,10 +144,11 @@ HEADER = (f"  {'#':>2s} {'search':6s} {'size':>5s} {'Mvoxel':>7s} {'trace':>7s} 
 
 
 def verdict(r: TuneResult) -> str:
-    if r.fits and not r.plan.swaps:
+    if r.fits and r.plan.changes_nothing():
         return "fits unswapped"
     if r.fits:
-        return f"fits with {r.swapped_tensors} swaps ({format_bytes(r.swap_bytes)})"
+        return (f"fits with {r.swapped_tensors} swaps ({format_bytes(r.swap_bytes)}), "
+                f"{r.recomputed_tensors} recomputations")
     if r.min_peak_bytes - r.persistent_bytes > r.budget_bytes:
         return f"no fit: lower bound over the budget (op {r.bound_op.rsplit('/', 1)[-1]})"
     return "no fit: the search found no plan under the budget"
@@ -173,14 +174,14 @@ class Prober:
         lmscore.order(g)
         load_s = time.perf_counter() - t
         t = time.perf_counter()
-        r = tune(g, BATCH, MEMORY, device=DEVICE, link=self.link, workspace="none")
+        r = tune(g, BATCH, MEMORY, device=DEVICE, link=self.link)
         tune_s = time.perf_counter() - t
         p = Probe(size, phase, tr, load_s, tune_s, r)
         self.probes[size] = p
         traced = "cached" if tr.seconds is None else f"{tr.seconds:6.1f}s"
         rss = "" if tr.rss_bytes is None else format_bytes(tr.rss_bytes)
         # the rewritten step's peak, also when the best plan found does not fit
-        tuned = format_bytes(r.predicted_peak_bytes) if r.plan.swaps else "-"
+        tuned = "-" if r.plan.changes_nothing() else format_bytes(r.predicted_peak_bytes)
         print(f"  {len(self.probes):2d} {phase:6s} {size:5d} {size**3 / 1e6:7.2f} {traced:>7s} "
               f"{rss:>10s} {load_s:4.1f}s {tune_s:5.2f}s "
               f"{format_bytes(r.baseline_peak_bytes):>14s} {tuned:>10s} "
@@ -257,7 +258,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     print(f"3D U-Net (sample_graphs/generate.py unet3d) training step, batch {BATCH}, "
-          f"{DEVICE} {format_bytes(MEMORY)}, workspace 'none', search tuned for {args.link}")
+          f"{DEVICE} {format_bytes(MEMORY)}, workspace 'accelerator', search tuned for {args.link}")
     print(f"candidates: {len(cands)} sizes {cands[0]}..{cands[-1]}"
           f"{' (--quick: multiples of 64)' if args.quick and not args.sizes else ''}; "
           f"graphs cached in {OUT.relative_to(ROOT)}/")
@@ -313,17 +314,19 @@ def main() -> None:
         print(f"  papers: {PAPERS_RATIO}x; the closer interpretation here: {closer} "
               f"({vox if closer == 'voxels' else axis:.2f}x)")
 
-    if b and probe.probes[b].result.plan.swaps:
+    if b and not probe.probes[b].result.plan.changes_nothing():
         print(f"\n[3] tuned plan at {b}^3 (largest swapped size), predicted on {DEVICE}")
-        print(f"  {'link':8s} {'fits':4s} {'swaps':>5s} {'swapped':>10s} {'peak':>10s} "
-              f"{'step unswapped':>14s} {'step tuned':>10s} {'overhead':>8s} {'tune':>6s}")
+        print(f"  {'link':8s} {'fits':4s} {'swaps':>5s} {'swapped':>10s} {'recomp':>6s} "
+              f"{'peak':>10s} {'step unswapped':>14s} {'step tuned':>10s} {'overhead':>8s} "
+              f"{'tune':>6s}")
         g = lmscore.load(OUT / f"unet3d_{b}.pb")
         for link in ("nvlink2", "pcie3"):
             t = time.perf_counter()
-            r = tune(g, BATCH, MEMORY, device=DEVICE, link=link, workspace="none")
+            r = tune(g, BATCH, MEMORY, device=DEVICE, link=link)
             dt = time.perf_counter() - t
             print(f"  {link:8s} {'yes' if r.fits else 'no':4s} {r.swapped_tensors:5d} "
-                  f"{format_bytes(r.swap_bytes):>10s} {format_bytes(r.predicted_peak_bytes):>10s} "
+                  f"{format_bytes(r.swap_bytes):>10s} {r.recomputed_tensors:6d} "
+                  f"{format_bytes(r.predicted_peak_bytes):>10s} "
                   f"{r.baseline_step_seconds * 1e3:11.1f} ms "
                   f"{r.predicted_step_seconds * 1e3:7.1f} ms "
                   f"{r.predicted_overhead:8.1%} {dt:5.2f}s")
