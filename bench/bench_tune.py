@@ -6,7 +6,7 @@
 [2] ResNet-50 largest batch on a 16 GiB V100 without and with the tuned rewrite, and the
     predicted overhead there (the LMS papers: 4.7-4.9x, 10-30% slower on NVLink);
 [3] ours vs the TFLMS v2 search (and Grappler with --grappler) on every sample.
-All figures are simulated (workspace "none", the accelerator model).
+All figures are simulated (workspace "accelerator", the default of ``lms tune``).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def baselines(grappler: bool) -> None:
     print(header)
     for name, batch in cases:
         g = lmscore.load(ROOT / "sample_graphs" / f"{name}.pb")
-        base = lmscore.simulate(g, batch, workspace="none")
+        base = lmscore.simulate(g, batch, workspace="accelerator")
         budget = int(0.6 * base.peak_bytes)
         rows = [(s, tune(g, batch, budget, strategy=s))
                 for s in ("hybrid", "swap", "recompute", "knobs", "tflms")]
