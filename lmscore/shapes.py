@@ -1063,6 +1063,18 @@ def loop_body(graph: Graph, i: int, sizes_of_inputs: tuple[tuple[int, ...] | Non
     return _loop_body(graph.graphdef, key)
 
 
+def function_body(graph: Graph, name: str, sizes_of_args: tuple[tuple[int, ...] | None, ...]
+                  ) -> LoopBody | None:
+    """Function ``name`` of the graph's library as a graph (a branch of an ``If``).
+
+    Read as :func:`loop_body` reads a loop's body: one ``_LoopArg`` op per argument, of
+    the shapes given. None when the graph keeps no GraphDef or has no such function.
+    """
+    if graph.graphdef is None:
+        return None
+    return _loop_body(graph.graphdef, (name, tuple(sizes_of_args)))
+
+
 @functools.lru_cache(maxsize=64)
 def _loop_body(graphdef: bytes, key: tuple[str, tuple]) -> LoopBody | None:
     from .ir import TensorSpec

@@ -620,6 +620,23 @@ def mixed_precision_cnn(batch=None):
         k.mixed_precision.set_global_policy("float32")
 
 
+def mixed_precision_mlp(batch=None):
+    """Wide layers, small batch: the loss-scale optimizer's update (momentum slots written
+    inside the ``If`` that skips a step with non-finite gradients) is the step's peak."""
+    k = _keras()
+    k.utils.set_random_seed(31)
+    k.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        m = k.Sequential([k.Input((256,)),
+                          k.layers.Dense(1024, activation="relu"),
+                          k.layers.Dense(1024, activation="relu"),
+                          k.layers.Dense(10, dtype="float32")], name="mpmlp")
+        opt = k.optimizers.LossScaleOptimizer(k.optimizers.SGD(0.01, momentum=0.9))
+        return _custom_step(m, _sparse_ce(), opt, *_specs(batch, (256,), ()))
+    finally:
+        k.mixed_precision.set_global_policy("float32")
+
+
 def fit_cnn(batch=None):
     k = _keras()
     k.utils.set_random_seed(15)
@@ -816,6 +833,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("fit_two_heads", fit_two_heads, 8, False),
     Entry("huber_regression", huber_regression, 8, False),
     Entry("mixed_precision_cnn", mixed_precision_cnn, 4, False),
+    Entry("mixed_precision_mlp", mixed_precision_mlp, 8, False),
     Entry("fit_cnn", fit_cnn, 8, False),
     Entry("fit_mixed_transformer", fit_mixed_transformer, 4, True),
     Entry("stochastic_depth_cnn", stochastic_depth_cnn, 4, False),
