@@ -370,14 +370,13 @@ def _size_tensor_lists(
     adj = graph.adjacency
     capacity: dict[tuple[int, int], int] = {}
     element: dict[tuple[int, int], int] = {}  # bytes of one element, when known
+    filled: dict[tuple[int, int], int] = {}  # a loop's list outputs it filled: their bytes
     for i in topo:
         op = ops[i]
         ins = adj.data_in[i]
-        if (
-            op.type == "TensorListStack" and ins and ins[0] in capacity and nbytes[i]
-            and nbytes[i][0] < 0
-        ):
-            nbytes[i][0] = capacity[ins[0]]  # the stacked elements of a filled list
+        full = capacity.get(ins[0], filled.get(ins[0])) if ins else None
+        if op.type == "TensorListStack" and full is not None and nbytes[i] and nbytes[i][0] < 0:
+            nbytes[i][0] = full  # the stacked elements of a filled list
             unknown.remove(f"{op.name}:0")
         for o in op.outputs:
             if o.dtype == "variant":
@@ -407,8 +406,10 @@ def _size_tensor_lists(
                     continue
                 kind = kinds[k] if k < len(kinds) else ""
                 if src in capacity and kind not in ("refs", "duplicate"):
-                    # a list made empty before the loop, filled by it
+                    # a list made empty before the loop, filled by it (a stack of it holds
+                    # every element)
                     sizes[k] = 0 if k in aliases else capacity[src]
+                    filled[(i, k)] = capacity[src]
                 elif kind == "filled" and src in element:
                     # made without a count (a loop with no maximum_iterations): an element
                     # per iteration, when the loop's condition tells how many
@@ -416,6 +417,7 @@ def _size_tensor_lists(
                         trips = trip_count(graph, i, body, lambda t: (
                             vals[t][1] if t in vals else None))
                     sizes[k] = 0 if k in aliases else trips * element[src]
+                    filled[(i, k)] = trips * element[src]
                 elif kind in ("pass", "filled", "refs"):
                     # what the list holds: the input list passed on or set in place, or
                     # the list whose elements it references (memory._view_of makes these
@@ -464,6 +466,10 @@ def _resolve_one(
     if op.type in FEED_OPS:
         dims[0] = batch if dims[0] == -1 else dims[0]
         return tuple(dims)
+    if op.type == "TensorListStack" and len(dims) >= 2 and dims[1] == -1:
+        # a time-major stack of a list's elements: an element's unknown first dimension is
+        # the batch, as where the list is made (_size_tensor_lists)
+        dims[1] = batch
     if op.type == "Transpose" and len(ins) == 2:
         perm = _const_value(graph, i, 1)
         src = ins[0][0]
@@ -904,6 +910,11 @@ def _shape_from_values(
         return v(1 if t == "BroadcastTo" else 0)
     if t == "Fill" and v(0) is not None:
         return v(0)
+    if t == "Transpose" and v(1) is not None and _known(in_shape(0)):
+        # a computed permutation (the gradient's InvertPermutation of the forward one)
+        src, perm = in_shape(0), v(1)
+        if sorted(perm) == list(range(len(src))):
+            return tuple(src[k] for k in perm)
     # images [batch, height, width, channels] resampled to the size an input gives
     # (Keras' RandomRotation, RandomZoom, Resizing compute it from the images' shape)
     size_input = _IMAGE_RESAMPLES.get(t)

@@ -128,6 +128,24 @@ def test_large_zoo_peak_within_5_percent(name):
     _check(name)
 
 
+@pytest.mark.parametrize("name", ["gru_lstm", "bigru_rnn", "recurrent_dropout_rnn"])
+def test_every_tensor_of_a_recurrent_step_has_a_size(name):
+    """A loop's output sequence, stacked from the list it filled ([time, batch, units]),
+    and its gradient's transpose by a computed permutation were counted as 0 bytes."""
+    from lmscore.shapes import resolve
+
+    e = zoo.BY_NAME[name]
+    g = zoo.graph(name)
+    sizes = resolve(g, e.batch)
+    assert sizes.unknown == ()
+    stacks = [i for i, op in enumerate(g.ops) if op.type == "TensorListStack"]
+    assert stacks
+    for i in stacks:
+        shape = sizes.shapes[i][0]
+        assert shape[1] == e.batch
+        assert sizes.nbytes[i][0] == 4 * shape[0] * shape[1] * shape[2]
+
+
 def test_loop_bodies_are_read():
     """The stacked LSTM's loops, as the simulator reads their bodies (no TensorFlow run).
 
