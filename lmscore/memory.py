@@ -1205,13 +1205,20 @@ def _branch_effects(
 
 def _branch_peak(body: LoopBody, held: frozenset[int], batch_size: int, workspace: str,
                  depth: int) -> int:
-    """Transient peak of a branch function whose arguments are counted outside (0 bytes).
+    """Transient peak of a branch function whose arguments are counted outside."""
+    sim = _simulate_function(_running(body).graph, held, batch_size, workspace, depth)
+    return 0 if sim is None else max(sim.transient_peak_bytes, 0)
 
-    The arguments in ``held`` are fed (the caller still holds them: nothing writes into
-    them); the others are transient buffers its kernels may overwrite.
+
+def _simulate_function(g: Graph, held: frozenset[int], batch_size: int, workspace: str,
+                       depth: int) -> Simulation | None:
+    """Simulation of a function body whose arguments (``_LoopArg`` ops) are counted outside.
+
+    Shapes as if the arguments were feeds (their batch dimension is the batch); simulated
+    as transient buffers of 0 bytes, so that kernels may write into them (a loop variable
+    nobody else holds), except those in ``held``: fed, as buffers the caller still holds.
+    None when the body cannot be resolved or simulated.
     """
-    g = _running(body).graph
-    args = [k for k, op in enumerate(g.ops) if op.type == "_LoopArg"]
     feeds = g.replace([op if op.type != "_LoopArg" else _as_feed(op) for op in g.ops],
                       g.source)
     run = g.replace([_as_feed(op) if k in held else op for k, op in enumerate(g.ops)],
@@ -1219,13 +1226,13 @@ def _branch_peak(body: LoopBody, held: frozenset[int], batch_size: int, workspac
     try:
         sizes = resolve(feeds, batch_size)
         nbytes = list(sizes.nbytes)
-        for k in args:
-            nbytes[k] = tuple(0 for _ in nbytes[k])
+        for k, op in enumerate(g.ops):
+            if op.type == "_LoopArg":
+                nbytes[k] = tuple(0 for _ in nbytes[k])
         sizes = dataclasses.replace(sizes, nbytes=tuple(nbytes))
-        sim = _simulate(run, batch_size, sizes, is_host_op, workspace, depth + 1)
+        return _simulate(run, batch_size, sizes, is_host_op, workspace, depth + 1)
     except (GraphError, ValueError, KeyError):
-        return 0
-    return max(sim.transient_peak_bytes, 0)
+        return None
 
 
 def _partners(
@@ -1354,24 +1361,8 @@ def _body_cost(
     if depth >= _MAX_LOOP_DEPTH:
         return _BodyCost()
     body = _running(body)
-    g = body.graph
-    # Shapes as if the loop variables were feeds (their batch dimension is the batch)...
-    feeds = g.replace(
-        [op if op.type != "_LoopArg" else _as_feed(op) for op in g.ops], g.source
-    )
-    try:
-        sizes = resolve(feeds, batch_size)
-    except (GraphError, ValueError):
-        return _BodyCost()
-    # ...simulated as transient buffers of 0 bytes, so that kernels may write into them.
-    args = [k for k, op in enumerate(g.ops) if op.type == "_LoopArg"]
-    nbytes = list(sizes.nbytes)
-    for k in args:
-        nbytes[k] = tuple(0 for _ in nbytes[k])
-    sizes = dataclasses.replace(sizes, nbytes=tuple(nbytes))
-    try:
-        sim = _simulate(g, batch_size, sizes, is_host_op, workspace, depth + 1)
-    except (GraphError, ValueError, KeyError):
+    sim = _simulate_function(body.graph, frozenset(), batch_size, workspace, depth)
+    if sim is None:
         return _BodyCost()
     # the body's own buffers: kernel workspaces and a nested loop's results are not read
     # across the early/late boundary
