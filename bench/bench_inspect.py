@@ -401,6 +401,16 @@ def profile(path: Path, batch: int, top: int) -> None:
 # --------------------------------------------------------------------------- main
 
 
+def _worst_ratio(target: str, ratios: list[tuple[str, float | None]], limit: float
+                 ) -> tuple[str, str, bool]:
+    """A summary row: the worst of ``ratios`` (step, ratio; None where a case failed)."""
+    measured = [r for _, r in ratios if r is not None]
+    worst = max(measured, default=None)
+    ok = worst is not None and len(measured) == len(ratios) and worst <= limit
+    detail = ", ".join(f"{s}: {r:.2f}x" if r is not None else f"{s}: n/a" for s, r in ratios)
+    return target, f"worst {worst:.2f}x ({detail})" if worst is not None else "not measured", ok
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=None,
@@ -542,22 +552,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         results.append((f"whole 'lms inspect' process <= {TARGET_NAIVE_RATIO}x naive",
                         "not measured (failed)", False))
-    measured = [r for _, r in per_op if r is not None]
-    worst = max(measured, default=None)
-    ok = worst is not None and len(measured) == len(per_op) and worst <= TARGET_PER_OP_RATIO
-    detail = ", ".join(f"{s}: {r:.2f}x" if r is not None else f"{s}: n/a" for s, r in per_op)
-    results.append((f"bare growth: time per op <= {TARGET_PER_OP_RATIO}x the smallest chain's "
-                    "(load+inspect)",
-                    f"worst {worst:.2f}x ({detail})" if worst is not None else "not measured",
-                    ok))
-    measured = [r for _, r in vs_naive if r is not None]
-    worst = max(measured, default=None)
-    ok = worst is not None and len(measured) == len(vs_naive) and worst <= TARGET_GROWTH_VS_NAIVE
-    detail = ", ".join(f"{s}: {r:.2f}x" if r is not None else f"{s}: n/a" for s, r in vs_naive)
-    results.append((f"linear growth: that growth <= {TARGET_GROWTH_VS_NAIVE}x the naive "
-                    "simulation's on the same chains",
-                    f"worst {worst:.2f}x ({detail})" if worst is not None else "not measured",
-                    ok))
+    results.append(_worst_ratio(
+        f"bare growth: time per op <= {TARGET_PER_OP_RATIO}x the smallest chain's "
+        "(load+inspect)", per_op, TARGET_PER_OP_RATIO))
+    results.append(_worst_ratio(
+        f"linear growth: that growth <= {TARGET_GROWTH_VS_NAIVE}x the naive simulation's on "
+        "the same chains", vs_naive, TARGET_GROWTH_VS_NAIVE))
     results.append(("tensorflow not imported (in-process and lms process)",
                     f"in-process {'yes' if tf_in_process else 'no'}, "
                     f"process {'yes' if tf_in_child else 'no' if tf_in_child is False else '?'}",
