@@ -1135,6 +1135,18 @@ def _loop_effects(
                     f"{op.name}/ahead-current", cost.ahead_bytes, start, levels[
                         ordering.schedule[p - 1]], i, (), first=first, last=p - 1,
                 ))
+        for since, until, per_iteration in cost.waits:
+            until = min(until, p)
+            if since + 1 >= until:
+                continue
+            w = _ahead_iterations(graph, ordering, sizes,
+                                  dataclasses.replace(cost, ahead_from=since), limit, until)
+            first = since + 1
+            extra.append(Buffer(
+                f"{op.name}/ahead-wait-{since}", per_iteration * w,
+                levels[ordering.schedule[first]], levels[ordering.schedule[until]], i, (),
+                first=first, last=until,
+            ))
         drained = sum(consumed.values())
         c = _drain_credit(drained, filled, cost.ahead_bytes, window, trips or 1, released)
         if c > 0:
@@ -1345,6 +1357,7 @@ class _BodyCost:
     ahead_from: int = 0
     early_ops: int = 0
     released: tuple[int, ...] = ()
+    waits: tuple[tuple[int, int, int], ...] = ()
 
 
 def _body_cost(
@@ -1366,13 +1379,13 @@ def _body_cost(
         return _BodyCost()
     # the body's own buffers: kernel workspaces and a nested loop's results are not read
     # across the early/late boundary
-    ahead, since, early, released = _run_ahead(body, list(sim.buffers), arrivals)
-    return _BodyCost(max(sim.transient_peak_bytes, 0), ahead, since, early, released)
+    ahead, since, early, released, waits = _run_ahead(body, list(sim.buffers), arrivals)
+    return _BodyCost(max(sim.transient_peak_bytes, 0), ahead, since, early, released, waits)
 
 
 def _run_ahead(
     body: LoopBody, buffers: list[Buffer], arrivals: tuple[int, ...]
-) -> tuple[int, int, int, tuple[int, ...]]:
+) -> tuple[int, int, int, tuple[int, ...], tuple[tuple[int, int, int], ...]]:
     """Bytes per iteration the early part of a body computes for its waiting part.
 
     The loop variables produced last (largest ``arrivals``) are *late*, and so is every
@@ -1384,17 +1397,23 @@ def _run_ahead(
     iteration run ahead: the kernel slices a gradient loop pops for the gradient of a fed
     input, the zeros of a list-write gradient.
 
+    Within the early part, an op runs once the loop variables it reads exist: a buffer
+    whose readers are all early but wait for a variable that arrives after the buffer's
+    own (a list-write gradient's zeros, made from a popped element, set into the input
+    gradient's list, which arrives later) is held meanwhile, iteration after iteration.
+
     Returns
     -------
     tuple
         Those bytes per iteration, the latest arrival among the loop variables the early
-        part reads (when it can start), the number of early ops, and the loop variables
-        (popped lists) whose elements the early part releases.
+        part reads (when it can start), the number of early ops, the loop variables
+        (popped lists) whose elements the early part releases, and the waits within the
+        early part: (arrival it starts at, arrival it waits for, bytes per iteration).
     """
     g = body.graph
     n = len(arrivals)
     if n == 0:
-        return 0, 0, 0, ()
+        return 0, 0, 0, (), ()
     deps = [0] * len(g.ops)  # bit k: reads loop variable k
     for j in order(g).topo:
         if g.ops[j].type == "_LoopArg":
@@ -1412,8 +1431,12 @@ def _run_ahead(
                 late |= 1 << k
                 grown = True
     early = [deps[j] & late == 0 and op.type != "_LoopArg" for j, op in enumerate(g.ops)]
+    def ready(j: int) -> int:  # the arrival of the last loop variable op j reads
+        return max((t for k, t in enumerate(arrivals) if deps[j] >> k & 1), default=0)
+
     total, reads = 0, 0
     released = []
+    waits: dict[tuple[int, int], int] = {}
     for b in buffers:
         if b.host or b.scratch:
             continue
@@ -1431,8 +1454,13 @@ def _run_ahead(
         if any(not early[r] for r in b.readers):
             total += b.bytes
             reads |= deps[j]
+        elif b.readers:
+            start, until = ready(j), max(ready(r) for r in b.readers)
+            if until > start:
+                waits[start, until] = waits.get((start, until), 0) + b.bytes
     since = max((t for k, t in enumerate(arrivals) if reads >> k & 1), default=0)
-    return total, since, sum(early), tuple(released)
+    return (total, since, sum(early), tuple(released),
+            tuple((a, u, w) for (a, u), w in sorted(waits.items())))
 
 
 @functools.lru_cache(maxsize=64)

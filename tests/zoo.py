@@ -602,6 +602,23 @@ def attention_unet(batch=None):
                         *_specs(batch, (32, 32, 1), (32, 32, 1), y_dtype="float32"))
 
 
+def seq2seq_attention(batch=None):
+    """An encoder GRU, a decoder GRU started from its state, dot-product attention over the
+    encoder's sequence (Adam). The encoder's gradient loop waits for the decoder's, while
+    the part of it that only reads the forward pass's lists runs ahead."""
+    k = _keras()
+    k.utils.set_random_seed(104)
+    s, t, f, h = 12, 10, 8, 48
+    inp = k.Input((s + t, f))
+    enc_seq, enc_state = k.layers.GRU(h, return_sequences=True, return_state=True)(
+        inp[:, :s])
+    dec = k.layers.GRU(h, return_sequences=True)(inp[:, s:], initial_state=enc_state)
+    dec = k.layers.Concatenate()([dec, k.layers.Attention()([dec, enc_seq])])
+    m = k.Model(inp, k.layers.Dense(5)(dec), name="s2s")
+    ce = k.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return _custom_step(m, ce, k.optimizers.Adam(1e-3), *_specs(batch, (s + t, f), (t,)))
+
+
 def mixed_precision_cnn(batch=None):
     k = _keras()
     k.utils.set_random_seed(14)
@@ -821,6 +838,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("bigru_rnn", bigru_rnn, 8, False),
     Entry("recurrent_dropout_rnn", recurrent_dropout_rnn, 16, False),
     Entry("hand_loop_rnn", hand_loop_rnn, 16, False),
+    Entry("seq2seq_attention", seq2seq_attention, 16, False),
     Entry("two_gradient_calls", two_gradient_calls, 8, False),
     Entry("dilated_conv1d", dilated_conv1d, 8, False),
     Entry("l2_clip_cnn", l2_clip_cnn, 16, True),
