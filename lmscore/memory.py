@@ -1668,7 +1668,11 @@ def live_tensor(graph: Graph, b: Buffer, *, sizes: Sizes, ordering: Ordering | N
         far = max((lv[c] - lv[i] for c in running_readers(ordering, i, int(port))), default=-1)
         if far > reach:
             best, reach = t, far
-    if b.scratch or (not own and b.tensor.endswith("/workspace")):
+    if b.scratch and b.tensor.endswith("/body"):
+        reason = "an iteration's temporaries of a loop body"
+    elif b.scratch and b.tensor.endswith("/branch"):
+        reason = "what a conditional's branch allocates"
+    elif b.scratch or (not own and b.tensor.endswith("/workspace")):
         reason = "kernel workspace"
     elif not own:
         reason = "results a loop computed ahead (no tensor of the graph)"

@@ -146,6 +146,25 @@ def test_every_tensor_of_a_recurrent_step_has_a_size(name):
         assert sizes.nbytes[i][0] == 4 * shape[0] * shape[1] * shape[2]
 
 
+def test_a_conditional_branch_is_a_workspace_of_the_if():
+    """The loss-scale optimizer's update runs in an ``If``: at the step's peak the branch's
+    buffer (each momentum slot's new value) is listed with what it is, beside the gradients
+    the ``If`` reads."""
+    from lmscore.memory import live_tensor, simulate
+    from lmscore.shapes import resolve
+
+    g = zoo.graph("mixed_precision_mlp")
+    sim = simulate(g, 8)
+    at_peak = [b for b in sim.buffers if b.first <= sim.peak_position <= b.last]
+    branch = [b for b in at_peak if b.tensor.endswith("/branch")]
+    assert len(branch) == 1 and g.ops[branch[0].producer].type in ("If", "StatelessIf")
+    # the slots' new values: as large as the float32 gradients the If holds
+    grads = sum(b.bytes for b in at_peak if b.readers and branch[0].producer in b.readers)
+    assert branch[0].bytes >= 0.99 * grads > 0
+    row = live_tensor(g, branch[0], sizes=resolve(g, 8))
+    assert row.reason == "what a conditional's branch allocates" and not row.swappable
+
+
 def test_loop_bodies_are_read():
     """The stacked LSTM's loops, as the simulator reads their bodies (no TensorFlow run).
 
