@@ -1600,6 +1600,10 @@ def measure(
     )
 
 
+#: Functional conditionals, placed by their last kernel (:func:`_executed`).
+_CONDITIONALS = frozenset({"If", "StatelessIf", "Case", "StatelessCase"})
+
+
 def _executed(
     run_metadata: config_pb2.RunMetadata,
     names: _NameMap,
@@ -1617,13 +1621,25 @@ def _executed(
     def original(runtime: str) -> str:
         return feeds.get(runtime) or names(runtime)
 
+    top = _Scope(gdef.node)
     started: dict[str, None] = {}
+    last: dict[str, int] = {}  # a conditional: the position of its last kernel
     for ds in run_metadata.step_stats.dev_stats:
         if _short_device(ds.device) != "CPU:0":
             continue
         # Stable: kernels started in the same microsecond keep the order of the records.
         for ns in sorted(ds.node_stats, key=lambda n: (n.all_start_nanos, n.all_start_micros)):
-            started.setdefault(original(ns.node_name), None)
+            name = original(ns.node_name)
+            started.setdefault(name, None)
+            node = top.nodes.get(name)
+            if node is not None and node.op in _CONDITIONALS:
+                last[name] = len(started)
+    if last:
+        # A lowered conditional's first kernels (the switches of its predicate) start as
+        # soon as the predicate exists, its branch once the data arrives: it allocates
+        # and returns with its last kernels (a gradient's: in the backward pass).
+        keys = {name: (last.get(name, k + 1), k) for k, name in enumerate(started)}
+        started = dict.fromkeys(sorted(started, key=keys.__getitem__))
     rank = {name: k for k, name in enumerate(started)}
 
     # Data inputs as (producer, port): the runtime's, named back to the original graph.
@@ -1635,7 +1651,6 @@ def _executed(
                 if not t.startswith("^"):
                     producer, port = split_tensor(t)
                     ins.add((original(producer), port))
-    top = _Scope(gdef.node)
 
     def data_inputs(node: node_def_pb2.NodeDef) -> set[tuple[str, int]]:
         return {split_tensor(t) for t in node.input if not t.startswith("^")}

@@ -52,6 +52,7 @@ from .ir import (
 )
 from .order import Ordering, order, replayed
 from .shapes import (
+    BRANCH_ATTRS,
     LoopBody,
     Sizes,
     function_body,
@@ -556,7 +557,10 @@ def _simulate(
         buffers += _cpu_scratch(graph, ordering, sizes, workspace)
     loops, credit, race = _loop_effects(graph, ordering, sizes, buffers, workspace, depth)
     buffers += loops
-    buffers += _branch_effects(graph, ordering, sizes, buffers, workspace, depth)
+    branches, less = _branch_effects(graph, ordering, sizes, buffers, workspace, depth)
+    buffers += branches
+    for pos, c in less.items():
+        credit[pos] = credit.get(pos, 0) + c
     n = len(graph.ops)
     dev_alloc = [0] * (n + 1)
     dev_free = [0] * (n + 1)
@@ -832,7 +836,8 @@ _WHILE_OPS = frozenset({"While", "StatelessWhile"})
 
 #: Op types :func:`_view_of` may find a view in (it answers None for all others).
 _VIEW_TYPES = ALIAS_OPS | _LIST_READS.keys() | _WHILE_OPS | _REDUCTIONS | {
-    "Transpose", "StridedSlice", "Slice", "Split", "SplitV"}
+    "Transpose", "StridedSlice", "Slice", "Split", "SplitV", "OptionalFromValue",
+    "OptionalGetValue"}
 #: Alignment a split's parts must keep to share its input's buffer: TensorFlow's
 #: ``EIGEN_MAX_ALIGN_BYTES``, 64 on AVX-512 builds (a coarser build shares more, never
 #: less, so the prediction holds on any machine).
@@ -854,6 +859,8 @@ def _view_of(graph: Graph, sizes: Sizes, i: int, port: int) -> tuple[int, int] |
         return None  # a variable that sparse kernels update is copied by each read
     if op.type in ALIAS_OPS:
         return ins[port] if op.type == "IdentityN" and port < len(ins) else ins[0]
+    if op.type in ("OptionalFromValue", "OptionalGetValue") and port < len(ins):
+        return ins[port]  # an optional holds its tensor: the same buffer
     if op.type in _LIST_READS and port == _LIST_READS[op.type]:
         return ins[0]  # an element of the list: the list's memory, not a new buffer
     if op.type in _WHILE_OPS and port < len(ins):
@@ -1163,33 +1170,34 @@ def _loop_effects(
     return extra, credit, race
 
 
-#: Functional conditionals, and the attribute naming their branch functions (their first
-#: input, the predicate or the branch index, is not passed to the branch).
-_BRANCH_ATTRS = {"If": ("then_branch", "else_branch"),
-                 "StatelessIf": ("then_branch", "else_branch"),
-                 "Case": ("branches",), "StatelessCase": ("branches",)}
-
-
 def _branch_effects(
     graph: Graph, ordering: Ordering, sizes: Sizes, buffers: list[Buffer], workspace: str,
     depth: int = 0,
-) -> list[Buffer]:
-    """What a conditional's branch allocates while it runs, beyond the op's outputs.
+) -> tuple[list[Buffer], dict[int, int]]:
+    """What a conditional holds while its branch runs, beside its inputs and outputs.
 
-    An ``If`` is one op of the schedule, but its branch runs a function: a loss-scale
-    optimizer updates every variable inside one, computing each slot's new value beside
-    the gradients (an MLP under ``mixed_float16`` with ``LossScaleOptimizer(SGD(momentum=
-    0.9))``: 25.3 MB of new values beside 25.3 MB of gradients, simulated at 0.833 of
-    measured without them). Each branch is simulated as a step whose arguments are already
-    counted outside; a kernel may write into an argument whose buffer the conditional
-    reads last (the gradients' unscaling does), not into one read after it. The largest
-    transient peak of the branches is a workspace of the op.
+    An ``If`` is one op of the schedule, but its branch runs a function. Simulated as a
+    step of its own, the branch holds, at its peak: the inputs the conditional reads last
+    (it may write into them and frees them as it goes: the gradient of a ``tf.cond``
+    overwrites the incoming gradient), what it computes, and its results until it returns.
+    The schedule counts instead every input and every output at once. The difference is
+    a workspace of the op where the branch holds more (a loss-scale optimizer's update
+    computes each slot's new value beside the gradients: an MLP under ``mixed_float16``
+    with ``LossScaleOptimizer(SGD(momentum=0.9))`` simulated at 0.833 of measured without
+    it), a credit at its position where it holds less. Inputs read after the conditional
+    stay the caller's; the largest peak over the branches counts.
+
+    Returns
+    -------
+    tuple
+        The workspace buffers and the credit per schedule position.
     """
     extra: list[Buffer] = []
+    credit: dict[int, int] = {}
     branching = [i for i, op in enumerate(graph.ops)
-                 if op.type in _BRANCH_ATTRS and ordering.needed[i]]
+                 if op.type in BRANCH_ATTRS and ordering.needed[i]]
     if not branching or depth >= _MAX_LOOP_DEPTH:
-        return extra
+        return extra, credit
     owner = {t: b for b in buffers for t in (b.tensor, *b.views)}
     adj = graph.adjacency
     for i in branching:
@@ -1197,50 +1205,72 @@ def _branch_effects(
         p, lvl = ordering.position[i], ordering.levels[i]
         ins = adj.data_in[i][1:]
         shapes = tuple(sizes.shapes[q][k] for q, k in ins)
-        # a resource handle stays an argument: read through a feed it would be a copy
-        held = frozenset(a for a, (q, k) in enumerate(ins)
-                         if (b := owner.get(f"{graph.ops[q].name}:{k}")) is not None
-                         and b.last != p)
+        of = [owner.get(f"{graph.ops[q].name}:{k}") for q, k in ins]
+        # an input the conditional reads last, once, goes in with its bytes; one read
+        # after it is fed (the caller holds it); a resource handle stays an argument of
+        # 0 bytes (read through a feed it would be a copy)
+        mine = {a: b.bytes for a, b in enumerate(of)
+                if b is not None and b.last == p and of.count(b) == 1}
+        held = frozenset(a for a, b in enumerate(of) if b is not None and a not in mine)
         peak = 0
-        for attr in _BRANCH_ATTRS[op.type]:
+        for attr in BRANCH_ATTRS[op.type]:
             for fname in op.attrs.get(attr, ()):
                 body = function_body(graph, fname, shapes)
                 if body is not None:
-                    peak = max(peak, _branch_peak(body, held, sizes.batch_size, workspace,
-                                                  depth))
-        if peak > 0:
+                    peak = max(peak, _branch_peak(body, held, mine, sizes.batch_size,
+                                                  workspace, depth))
+        if not peak:
+            continue
+        more = peak - sum(mine.values()) - sum(max(b, 0) for b in sizes.nbytes[i])
+        if more > 0:
             extra.append(Buffer(
-                f"{op.name}/branch", peak, lvl, lvl, i, (), scratch=True, first=p, last=p
+                f"{op.name}/branch", more, lvl, lvl, i, (), scratch=True, first=p, last=p
             ))
-    return extra
+        elif more < 0:
+            credit[p] = credit.get(p, 0) - more
+    return extra, credit
 
 
-def _branch_peak(body: LoopBody, held: frozenset[int], batch_size: int, workspace: str,
-                 depth: int) -> int:
-    """Transient peak of a branch function whose arguments are counted outside."""
-    sim = _simulate_function(_running(body).graph, held, batch_size, workspace, depth)
+def _branch_peak(body: LoopBody, held: frozenset[int], given: Mapping[int, int],
+                 batch_size: int, workspace: str, depth: int) -> int:
+    """Transient peak of a branch function, its results held until it returns.
+
+    ``held`` arguments are fed (0 bytes), ``given`` ones are buffers of those bytes.
+    """
+    g = _running(body).graph
+    rets = tuple(r for r in body.returns if r and r.rpartition(":")[0] in g.index)
+    if rets:  # a reader of every result, last: the branch returns them
+        g = g.replace((*g.ops, Op(f"{g.source}/return", _RETURN, inputs=rets)), g.source)
+    sim = _simulate_function(g, held, batch_size, workspace, depth, given)
     return 0 if sim is None else max(sim.transient_peak_bytes, 0)
 
 
+#: The op type of the reader :func:`_branch_peak` gives a branch's results.
+_RETURN = "_LmsReturn"
+
+
 def _simulate_function(g: Graph, held: frozenset[int], batch_size: int, workspace: str,
-                       depth: int) -> Simulation | None:
+                       depth: int, given: Mapping[int, int] | None = None
+                       ) -> Simulation | None:
     """Simulation of a function body whose arguments (``_LoopArg`` ops) are counted outside.
 
     Shapes as if the arguments were feeds (their batch dimension is the batch); simulated
-    as transient buffers of 0 bytes, so that kernels may write into them (a loop variable
-    nobody else holds), except those in ``held``: fed, as buffers the caller still holds.
-    None when the body cannot be resolved or simulated.
+    as transient buffers of 0 bytes (or of the bytes ``given`` for them), so that kernels
+    may write into them (a loop variable nobody else holds), except those in ``held``:
+    fed, as buffers the caller still holds. None when the body cannot be resolved or
+    simulated.
     """
     feeds = g.replace([op if op.type != "_LoopArg" else _as_feed(op) for op in g.ops],
                       g.source)
     run = g.replace([_as_feed(op) if k in held else op for k, op in enumerate(g.ops)],
                     g.source) if held else g
+    given = given or {}
     try:
         sizes = resolve(feeds, batch_size)
         nbytes = list(sizes.nbytes)
         for k, op in enumerate(g.ops):
             if op.type == "_LoopArg":
-                nbytes[k] = tuple(0 for _ in nbytes[k])
+                nbytes[k] = (given.get(k, 0), *(0 for _ in nbytes[k][1:]))
         sizes = dataclasses.replace(sizes, nbytes=tuple(nbytes))
         return _simulate(run, batch_size, sizes, is_host_op, workspace, depth + 1)
     except (GraphError, ValueError, KeyError):
@@ -1597,6 +1627,7 @@ _FORWARD_INTO = {
 
 #: Op types whose outputs :func:`_buffers` may write into an input (none of the others).
 _FORWARD_TYPES = FORWARDING_OPS | _FORWARD_INTO.keys() | _WHILE_OPS
+
 
 
 def live_at(sim: Simulation, level: int) -> tuple[Buffer, ...]:

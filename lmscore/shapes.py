@@ -22,6 +22,7 @@ is reported in :attr:`Sizes.unknown` and counts as 0 bytes in the simulation, ne
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -428,6 +429,9 @@ def _size_tensor_lists(
                     # lists the loop consumes (a gradient loop pops its accumulators) and
                     # lists holding buffers another list holds
                     sizes[k] = 0
+        elif op.type in BRANCH_ATTRS:
+            for k, b in _optional_results(graph, i, shapes, batch).items():
+                sizes[k] = b
         elif op.type == "ZerosLike" and ins and op.outputs[0].dtype == "variant":
             # a zero tensor for every element the list holds (uninitialised ones stay so)
             if ins[0] in capacity:
@@ -443,6 +447,58 @@ def _size_tensor_lists(
             if nbytes[i][port] < 0 <= b:
                 nbytes[i][port] = b
                 unknown.remove(f"{op.name}:{port}")
+
+
+#: Functional conditionals and the attributes naming their branch functions (their first
+#: input, the predicate or the branch index, is not passed to the branch).
+BRANCH_ATTRS = {"If": ("then_branch", "else_branch"),
+                 "StatelessIf": ("then_branch", "else_branch"),
+                 "Case": ("branches",), "StatelessCase": ("branches",)}
+#: Ops whose output is an existing buffer: a tensor wrapped from one is no new memory.
+_NOT_NEW = frozenset({"_LoopArg", "ReadVariableOp", "Const", "VarHandleOp"})
+
+
+def _optional_results(graph: Graph, i: int, shapes: list, batch: int) -> dict[int, int]:
+    """Bytes of the ``Optional`` outputs of conditional ``i``, by output port.
+
+    A differentiable ``tf.cond`` returns, beside its results, each branch intermediate its
+    gradient reads, wrapped as an optional (``variant``; the other branch returns an empty
+    one): it holds that tensor's buffer until the gradient's conditional runs. One branch
+    runs: those of the branch whose optionals hold the most (0 where one wraps an input,
+    a variable's value or a constant).
+    """
+    op = graph.ops[i]
+    arg_shapes = tuple(shapes[p][q] for p, q in graph.adjacency.data_in[i][1:])
+    out: dict[int, int] = {}
+    for attr in BRANCH_ATTRS[op.type]:
+        for fname in op.attrs.get(attr, ()):
+            body = function_body(graph, fname, arg_shapes)
+            if body is None:
+                continue
+            g = body.graph
+            wrapped = {}
+            for k, ref in enumerate(body.returns):
+                j = g.index.get(ref.rpartition(":")[0]) if ref else None
+                if (k < len(op.outputs) and op.outputs[k].dtype == "variant" and j is not None
+                        and g.ops[j].type == "OptionalFromValue" and g.ops[j].inputs):
+                    wrapped[k] = value_through(g, g.ops[j].inputs[0])
+            if not wrapped:
+                continue
+            feeds = g.replace([dataclasses.replace(o, type="Placeholder")
+                               if o.type == "_LoopArg" else o for o in g.ops], g.source)
+            try:
+                sizes = resolve(feeds, batch)
+            except (GraphError, ValueError):
+                continue
+            mine = {}
+            for k, t in wrapped.items():
+                name, _, port = t.rpartition(":")
+                j = g.index.get(name)
+                ok = j is not None and g.ops[j].type not in _NOT_NEW
+                mine[k] = max(sizes.nbytes[j][int(port or 0)], 0) if ok else 0
+            if sum(mine.values()) >= sum(out.values()):
+                out = mine
+    return {k: out.get(k, 0) for k, spec in enumerate(op.outputs) if spec.dtype == "variant"}
 
 
 def _bytes(shape: tuple[int, ...] | None, dtype: str) -> int:
@@ -872,6 +928,12 @@ _IMAGE_RESAMPLES = {
 }
 
 
+#: Segment reductions whose row count is their ``num_segments`` input.
+_UNSORTED_SEGMENTS = frozenset({
+    "UnsortedSegmentSum", "UnsortedSegmentMax", "UnsortedSegmentMin", "UnsortedSegmentProd",
+})
+
+
 def _shape_from_values(
     graph: Graph, i: int, port: int, vals: dict[tuple[int, int], Value], shapes: list
 ) -> tuple[int, ...] | None:
@@ -910,6 +972,23 @@ def _shape_from_values(
         return v(1 if t == "BroadcastTo" else 0)
     if t == "Fill" and v(0) is not None:
         return v(0)
+    if t in ("GatherV2", "Gather") and _known(in_shape(0)) and _known(in_shape(1)):
+        # params[:axis] + indices[batch_dims:] + params[axis + 1:]: rows per index, not
+        # per row of params (a graph network's edges gathered from its nodes)
+        params, indices = in_shape(0), in_shape(1)
+        axis = (v(2) or (None,))[0] if t == "GatherV2" else 0
+        nb = int(op.attrs.get("batch_dims", 0) or 0)
+        if axis is not None and params:
+            axis %= len(params)
+            return (*params[:axis], *indices[nb:], *params[axis + 1:])
+    if t == "GatherNd" and _known(in_shape(0)) and _known(in_shape(1)) and in_shape(1):
+        params, indices = in_shape(0), in_shape(1)
+        if indices[-1] <= len(params):
+            return (*indices[:-1], *params[indices[-1]:])
+    if t in _UNSORTED_SEGMENTS and v(2) is not None and len(v(2)) == 1 and _known(
+            in_shape(0)) and in_shape(1) is not None:
+        # num_segments rows of the data's trailing dimensions
+        return (v(2)[0], *in_shape(0)[len(in_shape(1)):])
     if t == "Transpose" and v(1) is not None and _known(in_shape(0)):
         # a computed permutation (the gradient's InvertPermutation of the forward one)
         src, perm = in_shape(0), v(1)

@@ -54,6 +54,8 @@ CASES = [
     ("fit_mixed_transformer", 4, 0.6),
     # dilated convolutions: SpaceToBatchND's tensors have batch x dilation rows
     ("dilated_conv1d", 16, 0.4),
+    # a gather's rows are its indices', a segment sum's its num_segments (unknown batch)
+    ("graph_network", 64, 0.4),
 ]
 #: Two tapes: each reads the other model's activations for gradients the step prunes,
 #: which must not delay the release of a swapped tensor (1.25x B under CPU load). They fit

@@ -619,6 +619,91 @@ def seq2seq_attention(batch=None):
     return _custom_step(m, ce, k.optimizers.Adam(1e-3), *_specs(batch, (s + t, f), (t,)))
 
 
+def graph_network(batch=None):
+    """Message passing over a fixed random graph, a batch being one disjoint union of the
+    graphs (edge indices offset per graph): three layers gather both ends of every edge
+    (``tf.gather``: one row per edge, not per node) and sum the messages at the target
+    (``unsorted_segment_sum``: one row per node), then a segment-mean readout (Adam)."""
+    import numpy as np
+    import tensorflow as tf
+
+    k = _keras()
+    k.utils.set_random_seed(207)
+    nodes, edges, feat, hid = 64, 256, 16, 64
+    rng = np.random.default_rng(7)
+    src_np = rng.integers(0, nodes, edges).astype("int32")
+    dst_np = rng.integers(0, nodes, edges).astype("int32")
+    embed = k.layers.Dense(hid, activation="relu")
+    msg = [k.layers.Dense(hid, activation="relu") for _ in range(3)]
+    upd = [k.layers.Dense(hid, activation="relu") for _ in range(3)]
+    head = k.layers.Dense(5)
+    embed.build((None, feat))
+    for layer in (*msg, *upd):
+        layer.build((None, 2 * hid))
+    head.build((None, hid))
+    layers = [embed, *msg, *upd, head]
+    variables = [v for layer in layers for v in layer.trainable_variables]
+    opt = k.optimizers.Adam(1e-3)
+    opt.build(variables)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            with tf.name_scope("fwd"):
+                b = tf.shape(x)[0]
+                offsets = tf.range(b)[:, None] * nodes
+                src = tf.reshape(tf.constant(src_np)[None, :] + offsets, [-1])
+                dst = tf.reshape(tf.constant(dst_np)[None, :] + offsets, [-1])
+                h = embed(tf.reshape(x, [-1, feat]))
+                for m_layer, u_layer in zip(msg, upd, strict=True):
+                    m = m_layer(tf.concat([tf.gather(h, dst), tf.gather(h, src)], 1))
+                    h = u_layer(tf.concat([h, tf.math.unsorted_segment_sum(m, dst, b * nodes)],
+                                          1))
+                pooled = tf.math.unsorted_segment_mean(h, tf.repeat(tf.range(b), nodes), b)
+                value = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    y, head(pooled)))
+                value = tf.identity(value, name="zoo_loss")
+        opt.apply_gradients(zip(tape.gradient(value, variables), variables, strict=True))
+        return value
+
+    cf = tf.function(step).get_concrete_function(*_specs(batch, (nodes, feat), ()))
+    cf.zoo_objects = (layers, opt)  # the function holds them weakly
+    return cf, ("fwd/",)
+
+
+def cond_mlp(batch=None):
+    """Two layers, each choosing its activation with a differentiable ``tf.cond`` on the
+    batch mean (SGD): the forward ``If`` returns, beside its result, the branch tensors its
+    gradient reads, wrapped as optionals; the gradient ``If`` overwrites what it reads."""
+    import tensorflow as tf
+
+    k = _keras()
+    k.utils.set_random_seed(211)
+    w = tf.Variable(tf.random.normal((64, 256), seed=1) * 0.05)
+    ws = [tf.Variable(tf.random.normal((256, 256), seed=2 + j) * 0.05) for j in range(2)]
+    head = tf.Variable(tf.random.normal((256, 10), seed=5) * 0.05)
+    variables = [w, *ws, head]
+    opt = k.optimizers.SGD(0.01)
+    opt.build(variables)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            with tf.name_scope("fwd"):
+                h = x @ w
+                for v in ws:
+                    h = tf.cond(tf.reduce_mean(x) > 0.0,
+                                lambda h=h, v=v: tf.tanh(tf.nn.relu(h) @ v) * 2.0,
+                                lambda h=h, v=v: tf.sigmoid(tf.nn.elu(h) @ v))
+                value = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    y, h @ head))
+                value = tf.identity(value, name="zoo_loss")
+        opt.apply_gradients(zip(tape.gradient(value, variables), variables, strict=True))
+        return value
+
+    cf = tf.function(step).get_concrete_function(*_specs(batch, (64,), ()))
+    cf.zoo_objects = (variables, opt)  # the function holds them weakly
+    return cf, ("fwd/",)
+
+
 def mixed_precision_cnn(batch=None):
     k = _keras()
     k.utils.set_random_seed(14)
@@ -839,6 +924,8 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("recurrent_dropout_rnn", recurrent_dropout_rnn, 16, False),
     Entry("hand_loop_rnn", hand_loop_rnn, 16, False),
     Entry("seq2seq_attention", seq2seq_attention, 16, False),
+    Entry("graph_network", graph_network, 8, False),
+    Entry("cond_mlp", cond_mlp, 256, False),
     Entry("two_gradient_calls", two_gradient_calls, 8, False),
     Entry("dilated_conv1d", dilated_conv1d, 8, False),
     Entry("l2_clip_cnn", l2_clip_cnn, 16, True),
