@@ -626,7 +626,9 @@ def _initial_value(var: _Var, rng: np.random.Generator) -> np.ndarray:
         if len(var.shape) == 0:
             return np.asarray(_SCALAR_FLOAT, dtype=np_dtype)
         limit = _glorot_limit(var.shape) * (_STATE_SCALE if var.state else 1.0)
-        low = 0.0 if var.non_negative else -limit
+        # a second moment stays above any squared first moment drawn (limit <= 0.5): a
+        # centered RMSprop takes the square root of their difference
+        low = limit / 2 if var.non_negative else -limit
         return rng.uniform(low, limit, var.shape).astype(np_dtype)
     return np.zeros(var.shape, dtype=np_dtype)
 
@@ -1417,8 +1419,9 @@ def measure(
       ``[0, l / 100)`` (state as early in training: at a weight's scale, all positive, a
       momentum moves every weight the same way at once and the loss blows up), and any
       other variable whose value reaches ``Sqrt``, ``Rsqrt``, ``Log``, ``Pow``... within
-      six element-wise, reduction or reshaping ops is uniform in ``[0, l)``, so that
-      square roots and divisions of optimizer second moments never produce NaN;
+      six element-wise, reduction or reshaping ops is uniform in ``[l / 2, l)``, so that
+      square roots and divisions of optimizer second moments never produce NaN (nor the
+      square root of a second moment less a squared first one, as centered RMSprop takes);
     * float inputs are standard normal, boolean inputs fair coin flips; integer inputs are
       uniform in ``[0, bound)``, where the bound is found by following the input through
       ``Cast``, ``Reshape``, ``StridedSlice``, ``SelectV2``... to the ops using it as an

@@ -159,6 +159,19 @@ def _embedding_graph():
     return step.get_concrete_function(*specs).graph.as_graph_def(add_shapes=True)
 
 
+def test_centered_rmsprop_state_gives_finite_steps():
+    """Centered RMSprop takes the square root of a second moment less a squared first
+    moment; drawn independently from [0, l), the two made that negative somewhere in 2M
+    elements, and the second step's loss was NaN."""
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(1024, activation="relu"),
+                              keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)])
+    specs = (tf.TensorSpec([None, 32]), tf.TensorSpec([None], tf.int32))
+    gdef = _train_step(model, keras.optimizers.RMSprop(1e-3, centered=True), specs)
+    result = measure(gdef.SerializeToString(), 8)
+    assert result.finite and all(np.isfinite(result.losses))
+
+
 def test_integer_inputs_stay_in_range():
     gdef = _embedding_graph()
     ops = {n.op for n in gdef.node}
