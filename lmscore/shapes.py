@@ -972,6 +972,23 @@ def _shape_from_values(
         return v(1 if t == "BroadcastTo" else 0)
     if t == "Fill" and v(0) is not None:
         return v(0)
+    if t == "Pack" and ins and all(_known(in_shape(k)) for k in range(len(ins))):
+        # N equal shapes stacked along a new axis (a TimeDistributed layer's steps)
+        src = in_shape(0)
+        if all(in_shape(k) == src for k in range(len(ins))):
+            axis = int(op.attrs.get("axis", 0) or 0)
+            axis = axis + len(src) + 1 if axis < 0 else axis
+            if 0 <= axis <= len(src):
+                return (*src[:axis], len(ins), *src[axis:])
+    if t in ("MatrixDiag", "MatrixDiagV2", "MatrixDiagV3") and _known(in_shape(0)) and in_shape(0):
+        # a main diagonal made a matrix (tf.eye): square, unless its rows or columns are set
+        diag = in_shape(0)
+        if t == "MatrixDiag":
+            return (*diag, diag[-1])
+        if v(1) in ((0,), ()) and len(ins) >= 4:
+            rows = v(2)[0] if v(2) and v(2)[0] > 0 else diag[-1]
+            cols = v(3)[0] if v(3) and v(3)[0] > 0 else diag[-1]
+            return (*diag[:-1], rows, cols)
     if t in ("GatherV2", "Gather") and _known(in_shape(0)) and _known(in_shape(1)):
         # params[:axis] + indices[batch_dims:] + params[axis + 1:]: rows per index, not
         # per row of params (a graph network's edges gathered from its nodes)

@@ -181,6 +181,40 @@ def test_dilated_convolution_has_batch_times_dilation_rows():
     assert s.nbytes[3] == (12 * 26 * 8 * 4,)
 
 
+def test_rows_from_indices_segments_stacks_and_diagonals():
+    """Shapes a step traced with an unknown batch leaves open, decided by another input:
+    a gather has a row per index, an unsorted segment sum a row per segment, a stack N
+    rows along its new axis, a diagonal matrix its diagonal's length twice (``tf.eye``)."""
+    f = "float"
+    ops = (
+        Op("x", "Placeholder", outputs=t(f, -1, 8)),
+        Op("idx", "Placeholder", outputs=t("int32", -1)),
+        Op("four", "Const", outputs=t("int32", 1), attrs={"value": (4,)}),
+        Op("edges", "Tile", inputs=("idx:0", "four:0"), outputs=t("int32", -1)),
+        Op("ax", "Const", outputs=t("int32"), attrs={"value": (0,)}),
+        Op("g", "GatherV2", inputs=("x:0", "edges:0", "ax:0"), outputs=t(f, -1, 8)),
+        Op("n", "Const", outputs=t("int32"), attrs={"value": (5,)}),
+        Op("seg", "UnsortedSegmentSum", inputs=("g:0", "edges:0", "n:0"),
+           outputs=t(f, -1, 8)),
+        Op("a", "Relu", inputs=("x:0",), outputs=t(f, -1, 8)),
+        Op("stack", "Pack", inputs=("a:0", "a:0", "x:0"), outputs=t(f, 3, -1, 8),
+           attrs={"axis": 0, "N": 3}),
+        Op("d", "Placeholder", outputs=t(f, -1)),
+        Op("k", "Const", outputs=t("int32"), attrs={"value": (0,)}),
+        Op("m1", "Const", outputs=t("int32"), attrs={"value": (-1,)}),
+        Op("pad", "Const", outputs=t(f), attrs={"value": (0.0,)}),
+        Op("eye", "MatrixDiagV3", inputs=("d:0", "k:0", "m1:0", "m1:0", "pad:0"),
+           outputs=t(f, -1, -1)),
+    )
+    g = Graph(ops)
+    s = resolve(g, 3)
+    assert s.shapes[g.index["g"]] == ((12, 8),)  # 3 x 4 indices, not 3 rows of x
+    assert s.shapes[g.index["seg"]] == ((5, 8),)  # num_segments, not the 12 rows of g
+    assert s.shapes[g.index["stack"]] == ((3, 3, 8),)
+    assert s.shapes[g.index["eye"]] == ((3, 3),)
+    assert s.unknown == ()
+
+
 def test_image_transform_takes_its_size_from_the_images_shape():
     """Keras' RandomRotation: the output size is ``Shape(images)[1:-1]``, known at run time."""
     f = "float"
