@@ -948,7 +948,9 @@ def _shape_from_values(
         val = vals.get(ins[k]) if k < len(ins) else None
         return val[1] if val is not None else None
 
-    def in_shape(k: int) -> tuple[int, ...] | None:
+    def in_shape(k: int) -> tuple[int, ...] | None:  # None for an input it lacks
+        if k >= len(ins):
+            return None
         p, pt = ins[k]
         return shapes[p][pt]
 

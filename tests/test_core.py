@@ -215,6 +215,15 @@ def test_rows_from_indices_segments_stacks_and_diagonals():
     assert s.unknown == ()
 
 
+@pytest.mark.parametrize("op_type", ["GatherV2", "Gather", "GatherNd", "Pack", "MatrixDiag",
+                                     "MatrixDiagV3", "UnsortedSegmentSum", "Transpose"])
+def test_an_op_without_the_inputs_its_shape_rule_reads_keeps_its_recorded_shape(op_type):
+    """Found by fuzzing the import: a GatherV2 with no inputs made the rule raise."""
+    g = Graph((Op("n0", op_type, outputs=t("float", -1, 8)),))
+    assert resolve(g, 2).shapes == (((-1, 8),),)
+    simulate(g, 2)
+
+
 def test_image_transform_takes_its_size_from_the_images_shape():
     """Keras' RandomRotation: the output size is ``Shape(images)[1:-1]``, known at run time."""
     f = "float"
