@@ -55,9 +55,11 @@ from .shapes import (
     BRANCH_ATTRS,
     LoopBody,
     Sizes,
+    as_feed,
     function_body,
     loop_body,
     resolve,
+    resolve_function,
     trip_count,
     value_through,
 )
@@ -1260,13 +1262,11 @@ def _simulate_function(g: Graph, held: frozenset[int], batch_size: int, workspac
     fed, as buffers the caller still holds. None when the body cannot be resolved or
     simulated.
     """
-    feeds = g.replace([op if op.type != "_LoopArg" else _as_feed(op) for op in g.ops],
-                      g.source)
-    run = g.replace([_as_feed(op) if k in held else op for k, op in enumerate(g.ops)],
+    run = g.replace([as_feed(op) if k in held else op for k, op in enumerate(g.ops)],
                     g.source) if held else g
     given = given or {}
     try:
-        sizes = resolve(feeds, batch_size)
+        sizes = resolve_function(g, batch_size)
         nbytes = list(sizes.nbytes)
         for k, op in enumerate(g.ops):
             if op.type == "_LoopArg":
@@ -1551,11 +1551,6 @@ def _duplicated(body: LoopBody) -> dict[int, tuple[int, ...]]:
         new = value_through(g, ref) if ref else ""
         out[k] = tuple(j for j, v in enumerate(values) if j != k and v and v == new)
     return out
-
-
-def _as_feed(op: Op) -> Op:
-    """A loop variable as a placeholder, for shape resolution only."""
-    return dataclasses.replace(op, type="Placeholder")
 
 
 def _cpu_scratch(graph: Graph, ordering: Ordering, sizes: Sizes, library: str) -> list[Buffer]:

@@ -484,10 +484,8 @@ def _optional_results(graph: Graph, i: int, shapes: list, batch: int) -> dict[in
                     wrapped[k] = value_through(g, g.ops[j].inputs[0])
             if not wrapped:
                 continue
-            feeds = g.replace([dataclasses.replace(o, type="Placeholder")
-                               if o.type == "_LoopArg" else o for o in g.ops], g.source)
             try:
-                sizes = resolve(feeds, batch)
+                sizes = resolve_function(g, batch)
             except (GraphError, ValueError):
                 continue
             mine = {}
@@ -1170,6 +1168,21 @@ def loop_body(graph: Graph, i: int, sizes_of_inputs: tuple[tuple[int, ...] | Non
         return None
     key = (names[0], tuple(sizes_of_inputs))
     return _loop_body(graph.graphdef, key)
+
+
+def resolve_function(body: Graph, batch_size: int) -> Sizes:
+    """:func:`resolve` of a function body (:func:`function_body`, :func:`loop_body`).
+
+    Its arguments (``_LoopArg`` ops, of the caller's shapes) resolve as feeds would: an
+    unknown first dimension is the batch.
+    """
+    return resolve(body.replace([as_feed(op) if op.type == "_LoopArg" else op
+                                 for op in body.ops], body.source), batch_size)
+
+
+def as_feed(op: Op) -> Op:
+    """A function argument (``_LoopArg``) as a placeholder."""
+    return dataclasses.replace(op, type="Placeholder")
 
 
 def function_body(graph: Graph, name: str, sizes_of_args: tuple[tuple[int, ...] | None, ...]
