@@ -492,8 +492,9 @@ def _optional_results(graph: Graph, i: int, shapes: list, batch: int) -> dict[in
             for k, t in wrapped.items():
                 name, _, port = t.rpartition(":")
                 j = g.index.get(name)
-                ok = j is not None and g.ops[j].type not in _NOT_NEW
-                mine[k] = max(sizes.nbytes[j][int(port or 0)], 0) if ok else 0
+                q = int(port) if port.isdigit() else 0
+                ok = j is not None and g.ops[j].type not in _NOT_NEW and q < len(sizes.nbytes[j])
+                mine[k] = max(sizes.nbytes[j][q], 0) if ok else 0
             if sum(mine.values()) >= sum(out.values()):
                 out = mine
     return {k: out.get(k, 0) for k, spec in enumerate(op.outputs) if spec.dtype == "variant"}
@@ -975,8 +976,8 @@ def _shape_from_values(
     if t == "Pack" and ins and all(_known(in_shape(k)) for k in range(len(ins))):
         # N equal shapes stacked along a new axis (a TimeDistributed layer's steps)
         src = in_shape(0)
-        if all(in_shape(k) == src for k in range(len(ins))):
-            axis = int(op.attrs.get("axis", 0) or 0)
+        axis = op.attrs.get("axis", 0)
+        if isinstance(axis, int) and all(in_shape(k) == src for k in range(len(ins))):
             axis = axis + len(src) + 1 if axis < 0 else axis
             if 0 <= axis <= len(src):
                 return (*src[:axis], len(ins), *src[axis:])
@@ -994,16 +995,16 @@ def _shape_from_values(
         # per row of params (a graph network's edges gathered from its nodes)
         params, indices = in_shape(0), in_shape(1)
         axis = (v(2) or (None,))[0] if t == "GatherV2" else 0
-        nb = int(op.attrs.get("batch_dims", 0) or 0)
-        if axis is not None and params:
+        nb = op.attrs.get("batch_dims", 0) or 0
+        if axis is not None and params and isinstance(nb, int) and 0 <= nb <= len(indices):
             axis %= len(params)
             return (*params[:axis], *indices[nb:], *params[axis + 1:])
     if t == "GatherNd" and _known(in_shape(0)) and _known(in_shape(1)) and in_shape(1):
         params, indices = in_shape(0), in_shape(1)
         if indices[-1] <= len(params):
             return (*indices[:-1], *params[indices[-1]:])
-    if t in _UNSORTED_SEGMENTS and v(2) is not None and len(v(2)) == 1 and _known(
-            in_shape(0)) and in_shape(1) is not None:
+    if t in _UNSORTED_SEGMENTS and v(2) is not None and len(v(2)) == 1 and v(2)[0] >= 0 and (
+            _known(in_shape(0)) and in_shape(1) is not None):
         # num_segments rows of the data's trailing dimensions
         return (v(2)[0], *in_shape(0)[len(in_shape(1)):])
     if t == "Transpose" and v(1) is not None and _known(in_shape(0)):

@@ -224,6 +224,22 @@ def test_an_op_without_the_inputs_its_shape_rule_reads_keeps_its_recorded_shape(
     simulate(g, 2)
 
 
+def test_odd_attributes_of_a_stack_or_a_gather_keep_the_recorded_shape():
+    """A hand-made or corrupted axis or batch_dims (not an integer) is no rule's input."""
+    f = "float"
+    ops = (
+        Op("x", "Placeholder", outputs=t(f, -1, 8)),
+        Op("s", "Pack", inputs=("x:0", "x:0"), outputs=t(f, 2, -1, 8), attrs={"axis": "a"}),
+        Op("i", "Placeholder", outputs=t("int32", -1)),
+        Op("ax", "Const", outputs=t("int32"), attrs={"value": (0,)}),
+        Op("g", "GatherV2", inputs=("x:0", "i:0", "ax:0"), outputs=t(f, -1, 8),
+           attrs={"batch_dims": "b"}),
+    )
+    s = resolve(Graph(ops), 3)
+    assert s.shapes[1] == ((2, -1, 8),) and "s:0" in s.unknown  # left open, and said so
+    assert s.shapes[4] == ((3, 8),)  # the same-rank input's batch, as before the rule
+
+
 def test_image_transform_takes_its_size_from_the_images_shape():
     """Keras' RandomRotation: the output size is ``Shape(images)[1:-1]``, known at run time."""
     f = "float"
