@@ -257,6 +257,11 @@ class Graph:
         return idx
 
     @functools.cached_property
+    def calls(self) -> tuple[int, ...]:
+        """Indices of the functional ops (:data:`FUNCTIONAL_OPS`: loops, conditionals, calls)."""
+        return tuple(i for i, op in enumerate(self.ops) if op.type in FUNCTIONAL_OPS)
+
+    @functools.cached_property
     def siblings(self) -> dict[int, tuple[int, ...]]:
         """Ops TensorFlow may merge into one kernel, each mapped to those it may merge with.
 

@@ -103,6 +103,7 @@ from tensorflow.python.framework import op_def_registry
 from lmscore.errors import ConfigError, GraphError, RunError
 from lmscore.ir import gradient_input, split_tensor
 from lmscore.order import FUSED_APPLIES, OUTPUT_OPS
+from lmscore.shapes import BRANCH_ATTRS
 from lmscore.timeline import live_curve
 
 __all__ = ["CPU_ALLOCATORS", "Allocation", "Measurement", "measure", "synthetic_inputs"]
@@ -1603,10 +1604,6 @@ def measure(
     )
 
 
-#: Functional conditionals, placed by their last kernel (:func:`_executed`).
-_CONDITIONALS = frozenset({"If", "StatelessIf", "Case", "StatelessCase"})
-
-
 def _executed(
     run_metadata: config_pb2.RunMetadata,
     names: _NameMap,
@@ -1635,7 +1632,7 @@ def _executed(
             name = original(ns.node_name)
             started.setdefault(name, None)
             node = top.nodes.get(name)
-            if node is not None and node.op in _CONDITIONALS:
+            if node is not None and node.op in BRANCH_ATTRS:
                 last[name] = len(started)
     if last:
         # A lowered conditional's first kernels (the switches of its predicate) start as

@@ -1085,7 +1085,7 @@ def _loop_effects(
     credit: dict[int, int] = {}
     race: dict[int, int] = {}
     adj = graph.adjacency
-    loops = [i for i, op in enumerate(graph.ops) if op.type in _WHILE_OPS]
+    loops = [i for i in graph.calls if graph.ops[i].type in _WHILE_OPS]
     if loops:  # the buffer of each tensor, for the loops' inputs and outputs
         for b in buffers:
             for t in (b.tensor, *b.views):
@@ -1196,8 +1196,8 @@ def _branch_effects(
     """
     extra: list[Buffer] = []
     credit: dict[int, int] = {}
-    branching = [i for i, op in enumerate(graph.ops)
-                 if op.type in BRANCH_ATTRS and ordering.needed[i]]
+    branching = [i for i in graph.calls
+                 if graph.ops[i].type in BRANCH_ATTRS and ordering.needed[i]]
     if not branching or depth >= _MAX_LOOP_DEPTH:
         return extra, credit
     owner = {t: b for b in buffers for t in (b.tensor, *b.views)}
@@ -1461,6 +1461,7 @@ def _run_ahead(
                 late |= 1 << k
                 grown = True
     early = [deps[j] & late == 0 and op.type != "_LoopArg" for j, op in enumerate(g.ops)]
+
     def ready(j: int) -> int:  # the arrival of the last loop variable op j reads
         return max((t for k, t in enumerate(arrivals) if deps[j] >> k & 1), default=0)
 
@@ -1622,7 +1623,6 @@ _FORWARD_INTO = {
 
 #: Op types whose outputs :func:`_buffers` may write into an input (none of the others).
 _FORWARD_TYPES = FORWARDING_OPS | _FORWARD_INTO.keys() | _WHILE_OPS
-
 
 
 def live_at(sim: Simulation, level: int) -> tuple[Buffer, ...]:

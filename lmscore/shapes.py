@@ -375,10 +375,11 @@ def _size_tensor_lists(
     for i in topo:
         op = ops[i]
         ins = adj.data_in[i]
-        full = capacity.get(ins[0], filled.get(ins[0])) if ins else None
-        if op.type == "TensorListStack" and full is not None and nbytes[i] and nbytes[i][0] < 0:
-            nbytes[i][0] = full  # the stacked elements of a filled list
-            unknown.remove(f"{op.name}:0")
+        if op.type == "TensorListStack" and ins and nbytes[i] and nbytes[i][0] < 0:
+            full = capacity.get(ins[0], filled.get(ins[0]))
+            if full is not None:
+                nbytes[i][0] = full  # the stacked elements of a filled list
+                unknown.remove(f"{op.name}:0")
         for o in op.outputs:
             if o.dtype == "variant":
                 break
