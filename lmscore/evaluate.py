@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .ir import Graph, split_tensor
-from .memory import Buffer, Simulation, fits, simulate
+from .memory import Buffer, Simulation, fits, simulate, workspace_reason
 from .order import order
 from .plan import Plan
 from .rewrite import Rewrite, rewrite
@@ -147,6 +147,8 @@ class Resident:
         swap-in, the clone's original output when recomputed ("" for a workspace).
     serves : str
         For a clone: the recomputed tensor it is computed for (it may be an intermediate).
+    held : str
+        For a workspace: what it holds (:func:`lmscore.memory.workspace_reason`).
     """
 
     tensor: str
@@ -154,6 +156,7 @@ class Resident:
     kind: str
     of: str
     serves: str = ""
+    held: str = ""
 
     @property
     def what(self) -> str:
@@ -184,7 +187,7 @@ def resident(graph: Graph, b: Buffer) -> Resident:
     name, port = split_tensor(b.tensor)
     i = graph.index.get(name)
     if b.scratch or i is None:
-        return Resident(b.tensor, b.bytes, WORKSPACE, "")
+        return Resident(b.tensor, b.bytes, WORKSPACE, "", held=workspace_reason(b))
     attrs = graph.ops[i].attrs
     if attrs.get("_lms_role") == "swap_in":
         return Resident(b.tensor, b.bytes, SWAP_IN, str(attrs["_lms_tensor"]))

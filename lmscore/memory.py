@@ -1625,6 +1625,21 @@ _FORWARD_INTO = {
 _FORWARD_TYPES = FORWARDING_OPS | _FORWARD_INTO.keys() | _WHILE_OPS
 
 
+def workspace_reason(b: Buffer) -> str:
+    """What a buffer that is no tensor of the graph holds (a kernel's or a loop's).
+
+    >>> workspace_reason(Buffer("while/body", 8, 0, 0, 0, (), scratch=True))
+    "an iteration's temporaries of a loop body"
+    """
+    if b.scratch and b.tensor.endswith("/body"):
+        return "an iteration's temporaries of a loop body"
+    if b.scratch and b.tensor.endswith("/branch"):
+        return "what a conditional's branch allocates"
+    if b.scratch or b.tensor.endswith("/workspace"):
+        return "kernel workspace"
+    return "results a loop computed ahead (no tensor of the graph)"
+
+
 def live_at(sim: Simulation, level: int) -> tuple[Buffer, ...]:
     """Device buffers alive when ``level`` reaches its peak, largest first."""
     if not 0 <= level < len(sim.level_peak_position):
@@ -1694,14 +1709,8 @@ def live_tensor(graph: Graph, b: Buffer, *, sizes: Sizes, ordering: Ordering | N
         far = max((lv[c] - lv[i] for c in running_readers(ordering, i, int(port))), default=-1)
         if far > reach:
             best, reach = t, far
-    if b.scratch and b.tensor.endswith("/body"):
-        reason = "an iteration's temporaries of a loop body"
-    elif b.scratch and b.tensor.endswith("/branch"):
-        reason = "what a conditional's branch allocates"
-    elif b.scratch or (not own and b.tensor.endswith("/workspace")):
-        reason = "kernel workspace"
-    elif not own:
-        reason = "results a loop computed ahead (no tensor of the graph)"
+    if b.scratch or not own:
+        reason = workspace_reason(b)
     else:
         name, _, port = best.rpartition(":")
         reason = swap_refusal(graph, ordering, sizes, graph.index[name], int(port))

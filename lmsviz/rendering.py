@@ -248,7 +248,7 @@ def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1,
             if t is None:  # a workspace of the rewritten step: no tensor to toggle
                 t = lmscore.LiveTensor(tensor=r.tensor, bytes=r.bytes, producer_level=level,
                                        last_use_level=level, distance=0, category="—",
-                                       swappable=False, reason="kernel workspace")
+                                       swappable=False, reason=r.held or "kernel workspace")
             listed.append((t, r.bytes, r.kind))
     rows = []
     seen = set()

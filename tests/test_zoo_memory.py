@@ -163,6 +163,11 @@ def test_a_conditional_branch_is_a_workspace_of_the_if():
     assert branch[0].bytes >= 0.99 * grads > 0
     row = live_tensor(g, branch[0], sizes=resolve(g, 8))
     assert row.reason == "what a conditional's branch allocates" and not row.swappable
+    # what the web app's table says of it in a rewritten step (lmscore.evaluate.resident)
+    from lmscore.evaluate import WORKSPACE, resident
+
+    r = resident(g, branch[0])
+    assert r.kind == WORKSPACE and r.held == row.reason
 
 
 def test_loop_bodies_are_read():
