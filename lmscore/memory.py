@@ -1422,7 +1422,8 @@ def _run_ahead(
     loop variable whose next value is computed from a late one. The body's ops that read
     no late variable, directly or not, are *early*: the executor runs them for the next
     ``parallel_iterations`` iterations before the late part of the first one can start.
-    Their buffers that a late op reads wait for it. A list the body pops whose elements
+    Their buffers that a late op reads wait for it, and so does an early loop variable's
+    next value when late ops read that variable. A list the body pops whose elements
     only early ops read (or none: their readers are pruned) loses an element to each
     iteration run ahead: the kernel slices a gradient loop pops for the gradient of a fed
     input, the zeros of a list-write gradient.
@@ -1468,10 +1469,23 @@ def _run_ahead(
     total, reads = 0, 0
     released = []
     waits: dict[tuple[int, int], int] = {}
+    # An early loop variable that late ops read: its next value, computed early, waits for
+    # the late part of the next iteration (a gradient loop's zeros for the next step's
+    # output gradient, made from a popped element)
+    read_late = {b.producer for b in buffers
+                 if b.producer < n and any(not early[r] for r in b.readers)}
+    carried = set()
+    for k, ref in enumerate(body.returns[:n]):
+        if ref and k in read_late and not late >> k & 1:
+            carried.add(ref)
     for b in buffers:
         if b.host or b.scratch:
             continue
         j = b.producer
+        if carried and b.bytes > 0 and early[j] and not carried.isdisjoint((b.tensor, *b.views)):
+            total += b.bytes
+            reads |= deps[j]
+            continue
         if j < n and g.ops[j].type == "_LoopArg" and body.kinds[j] == "consumed" and not (
                 late >> j & 1):
             # a popped list (0 bytes here: the While's input holds it), its elements views

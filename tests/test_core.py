@@ -456,6 +456,47 @@ def test_a_gradient_loop_frees_what_it_pops_for_a_pruned_reader(read_kernels):
     assert cost.ahead_from == (0 if read_kernels else 5)
 
 
+def test_an_early_next_value_read_late_is_held_for_each_iteration_ahead():
+    """A loop variable's next value computed early waits for the next iteration's late part.
+
+    A masked recurrent layer's gradient loop makes the zeros for the next step's output
+    gradient from a popped element (early), and adds them to the incoming gradient (late):
+    each iteration run ahead holds one such buffer (a stacked masked BiLSTM measured 0.954
+    of its simulated peak without it).
+    """
+    from dataclasses import replace
+
+    from lmscore import memory
+
+    f, v, i = "float", "variant", "int32"
+    ops = (
+        Op("counter", "_LoopArg", outputs=(TensorSpec(i, ()),)),
+        Op("grad", "_LoopArg", outputs=(TensorSpec(f, (-1, 32)),)),
+        Op("ys", "_LoopArg", outputs=(TensorSpec(f, (-1, 32)),)),
+        Op("states", "_LoopArg", outputs=(TensorSpec(v, ()),)),
+        Op("shape", "Const", outputs=(TensorSpec(i, (2,)),)),
+        Op("pop_s", "TensorListPopBack", inputs=("states:0", "shape:0"),
+           outputs=(TensorSpec(v, ()), TensorSpec(f, (-1, 32)))),
+        Op("zeros", "ZerosLike", inputs=("pop_s:1",), outputs=(TensorSpec(f, (-1, 32)),)),
+        Op("next_ys", "Identity", inputs=("zeros:0",), outputs=(TensorSpec(f, (-1, 32)),)),
+        Op("ys_in", "Identity", inputs=("ys:0",), outputs=(TensorSpec(f, (-1, 32)),)),
+        Op("total", "AddV2", inputs=("grad:0", "ys_in:0"), outputs=(TensorSpec(f, (-1, 32)),)),
+        Op("dh", "Mul", inputs=("total:0", "pop_s:1"), outputs=(TensorSpec(f, (-1, 32)),)),
+    )
+    returns = ("counter:0", "dh:0", "next_ys:0", "pop_s:0")
+    body = LoopBody(Graph(ops), ("pass", "carried", "carried", "consumed"), (-1,) * 4,
+                    returns)
+    cost = memory._body_cost(body, 4, "accelerator", 0, (0, 10, 5, 5))
+    assert cost.ahead_bytes == 4 * 32 * 4  # the zeros, once per iteration ahead
+    assert cost.ahead_from == 5  # from the popped list's arrival
+    # read by an early op only, the next value is used up within the early part
+    early_reader = tuple(replace(op, inputs=("pop_s:1", "ys_in:0")) if op.name == "dh"
+                         else replace(op, inputs=("grad:0", "grad:0")) if op.name == "total"
+                         else op for op in ops)
+    body = LoopBody(Graph(early_reader), body.kinds, body.sources, returns)
+    assert memory._body_cost(body, 4, "accelerator", 0, (0, 10, 5, 5)).ahead_bytes == 0
+
+
 def test_a_forward_loop_s_duplicate_accumulator_names_the_lists_it_shares():
     """A state's previous value, pushed each iteration, is the new value another list holds.
 
