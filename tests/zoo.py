@@ -317,6 +317,20 @@ def stacked_lstm(batch=None):
     return _custom_step(m, _sparse_ce(), k.optimizers.RMSprop(1e-3), *_specs(batch, (16, 8), ()))
 
 
+def masked_bilstm_tagger(batch=None):
+    """A tagger over padded sequences: Embedding(mask_zero) -> two stacked bidirectional
+    LSTMs -> TimeDistributed Dense, fit-style, Adam with norm clipping. The mask makes each
+    gradient loop carry zeros for the next step's output gradient, made early."""
+    k = _keras()
+    k.utils.set_random_seed(21)
+    m = k.Sequential([k.Input((20,), dtype="int32"), k.layers.Embedding(300, 16, mask_zero=True),
+                      k.layers.Bidirectional(k.layers.LSTM(32, return_sequences=True)),
+                      k.layers.Bidirectional(k.layers.LSTM(32, return_sequences=True)),
+                      k.layers.TimeDistributed(k.layers.Dense(8))], name="tagger")
+    m.compile(optimizer=k.optimizers.Adam(1e-3, clipnorm=1.0), loss=_sparse_ce())
+    return _fit_step(m, *_specs(batch, (20,), (20,), "int32"))
+
+
 def recurrent_dropout_rnn(batch=None):
     """An LSTM then a GRU, both with recurrent dropout: their gradient loops run far ahead.
 
@@ -921,6 +935,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("gru_lstm", gru_lstm, 4, False),
     Entry("stacked_lstm", stacked_lstm, 4, True),
     Entry("bigru_rnn", bigru_rnn, 8, False),
+    Entry("masked_bilstm_tagger", masked_bilstm_tagger, 32, False),
     Entry("recurrent_dropout_rnn", recurrent_dropout_rnn, 16, False),
     Entry("hand_loop_rnn", hand_loop_rnn, 16, False),
     Entry("seq2seq_attention", seq2seq_attention, 16, False),
