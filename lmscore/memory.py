@@ -1239,12 +1239,21 @@ def _branch_peak(body: LoopBody, held: frozenset[int], given: Mapping[int, int],
 
     ``held`` arguments are fed (0 bytes), ``given`` ones are buffers of those bytes.
     """
+    sim = _simulate_function(_returning(body), held, batch_size, workspace, depth, given)
+    return 0 if sim is None else max(sim.transient_peak_bytes, 0)
+
+
+@functools.lru_cache(maxsize=64)
+def _returning(body: LoopBody) -> Graph:
+    """The ops of a branch that run, and a reader of every result, last: it returns them.
+
+    One graph per branch, so that its simulations are found again (:func:`_function_simulation`).
+    """
     g = _running(body).graph
     rets = tuple(r for r in body.returns if r and r.rpartition(":")[0] in g.index)
-    if rets:  # a reader of every result, last: the branch returns them
+    if rets:
         g = g.replace((*g.ops, Op(f"{g.source}/return", _RETURN, inputs=rets)), g.source)
-    sim = _simulate_function(g, held, batch_size, workspace, depth, given)
-    return 0 if sim is None else max(sim.transient_peak_bytes, 0)
+    return g
 
 
 #: The op type of the reader :func:`_branch_peak` gives a branch's results.
@@ -1262,9 +1271,23 @@ def _simulate_function(g: Graph, held: frozenset[int], batch_size: int, workspac
     fed, as buffers the caller still holds. None when the body cannot be resolved or
     simulated.
     """
+    return _function_simulation(g, held, batch_size, workspace, depth,
+                                tuple(sorted((given or {}).items())))
+
+
+@functools.lru_cache(maxsize=256)
+def _function_simulation(g: Graph, held: frozenset[int], batch_size: int, workspace: str,
+                         depth: int, given_items: tuple[tuple[int, int], ...]
+                         ) -> Simulation | None:
+    """:func:`_simulate_function`, once per body, held arguments, batch and workspace.
+
+    A step's loop bodies and branches are the same in each simulation of its plans (a
+    plan rewrites the step, not its functions): half the time of simulating a recurrent
+    step went to simulating its bodies again.
+    """
     run = g.replace([as_feed(op) if k in held else op for k, op in enumerate(g.ops)],
                     g.source) if held else g
-    given = given or {}
+    given = dict(given_items)
     try:
         sizes = resolve_function(g, batch_size)
         nbytes = list(sizes.nbytes)

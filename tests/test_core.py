@@ -352,6 +352,28 @@ def test_hotspots_of_a_loop_step_at_every_level():
         op.name for op in g.ops if op.type in ("While", "StatelessWhile")}
 
 
+def test_a_plan_s_simulation_reuses_the_loop_bodies_simulations():
+    """A plan rewrites the step, not its loop bodies: their simulations are made once.
+
+    The rewritten step simulates to the curve a fresh simulation of its bodies gives.
+    """
+    from lmscore import memory, samples
+    from lmscore.plan import plan_from_params
+    from lmscore.rewrite import rewrite
+
+    g = lmscore.load(samples.sample_dir() / "lstm.pb")
+    memory._function_simulation.cache_clear()
+    simulate(g, 16)
+    made = memory._function_simulation.cache_info().misses
+    assert made > 0
+    rw = rewrite(g, plan_from_params(g, 16, threshold=2, ahead=1))
+    assert rw.swap_outs
+    after = simulate(rw.graph, 16)
+    assert memory._function_simulation.cache_info().misses == made
+    memory._function_simulation.cache_clear()
+    assert simulate(rw.graph, 16).device_curve == after.device_curve
+
+
 @pytest.mark.parametrize("sample", ["mlp.pb", "lstm.pb", "unet3d.pb"])
 def test_swappable_rows_are_the_candidates(sample):
     """One "swappable": a hotspot row offers a swap exactly when the planner would make one.
