@@ -545,3 +545,39 @@ def test_a_forward_loop_s_duplicate_accumulator_names_the_lists_it_shares():
     body = LoopBody(Graph(ops), ("carried", "filled", "duplicate", "filled"), (-1,) * 4,
                     ("out:0", "push_new:0", "push_prev:0", "push_other:0"))
     assert memory._duplicated(body) == {2: (1,)}
+
+
+@pytest.mark.parametrize("op_type", ["SparseSoftmaxCrossEntropyWithLogits",
+                                     "SoftmaxCrossEntropyWithLogits"])
+def test_a_cross_entropy_kernel_holds_a_value_per_row_while_it_runs(op_type):
+    """The cross-entropy kernels allocate one value per row of the logits, on every device.
+
+    Logits of 4 x 10 x 10 pixels x 3 classes (a segmentation head): 400 rows, 1,600 bytes
+    beside the 400-row loss, while the op runs; its gradient is written into the logits.
+    """
+    from lmscore import memory
+
+    f = "float"
+    labels = (TensorSpec("int32", (4, 10, 10)) if op_type.startswith("Sparse")
+              else TensorSpec(f, (400, 3)))
+    ops = (
+        Op("x", "Placeholder", outputs=(TensorSpec(f, (4, 10, 10, 3)),)),
+        Op("y", "Placeholder", outputs=(labels,)),
+        Op("shape", "Const", outputs=(TensorSpec("int32", (2,)),)),
+        Op("logits", "Exp", inputs=("x:0",), outputs=(TensorSpec(f, (4, 10, 10, 3)),)),
+        Op("flat", "Reshape", inputs=("logits:0", "shape:0"),
+           outputs=(TensorSpec(f, (400, 3)),)),
+        Op("xent", op_type, inputs=("flat:0", "y:0"),
+           outputs=(TensorSpec(f, (400,)), TensorSpec(f, (400, 3)))),
+        Op("loss", "Sum", inputs=("xent:0", "shape:0"), outputs=(TensorSpec(f, ()),)),
+        Op("grad", "Neg", inputs=("xent:1",), outputs=(TensorSpec(f, (400, 3)),)),
+    )
+    g = Graph(ops)
+    at = order(g).levels[g.index["xent"]]
+    accel = simulate(g, 4)
+    tensors = simulate(g, 4, workspace="none")
+    scratch = [b for b in accel.buffers if b.scratch]
+    assert [(b.tensor, b.bytes) for b in scratch] == [("xent/scratch", 400 * 4)]
+    assert accel.device_curve[at] - tensors.device_curve[at] == 400 * 4
+    assert memory.workspace_reason(scratch[0]) == "kernel workspace"
+    assert simulate(g, 4, workspace="eigen").device_curve == accel.device_curve
