@@ -56,12 +56,12 @@ from .shapes import (
     LoopBody,
     Sizes,
     as_feed,
+    duplicated,
     function_body,
     loop_body,
     resolve,
     resolve_function,
     trip_count,
-    value_through,
 )
 
 #: Ops whose output ``k`` is a view of input ``k`` (0 for single-output ops).
@@ -1104,6 +1104,7 @@ def _loop_effects(
             continue
         p = pos[i]
         lvl = levels[i]
+        extra += _kept_by_duplicates(graph, ordering, i, body, owner)
         consumed: dict[str, int] = {}
         popped: dict[int, str] = {}  # loop variable -> the list buffer it pops
         filled = 0
@@ -1304,6 +1305,35 @@ def _function_simulation(g: Graph, held: frozenset[int], batch_size: int, worksp
         return None
 
 
+def _kept_by_duplicates(graph: Graph, ordering: Ordering, i: int, body: LoopBody,
+                        owner: Mapping[str, Buffer]) -> list[Buffer]:
+    """What a loop's ``"duplicate"`` lists hold once the lists they share with are gone.
+
+    A forward loop pushes a state's new value into one list and, the next iteration, its
+    previous value into an accumulator: both hold the same buffers, counted once, in the
+    first (:func:`lmscore.shapes.duplicated`). Where that list dies first (a recurrent
+    layer's output sequence, stacked right after the loop) the accumulator keeps its
+    elements until its own last reader, the gradient loop: a buffer of the shared bytes
+    from then on (a bidirectional GRU under a CTC loss measured 0.933 of the simulation
+    without it).
+    """
+    op = graph.ops[i]
+    schedule, levels = ordering.schedule, ordering.levels
+    out = []
+    for k, partners in duplicated(body).items():
+        d = owner.get(f"{op.name}:{k}")
+        shared = [b for m in partners
+                  if (b := owner.get(f"{op.name}:{m}")) is not None and b.producer == i]
+        if d is None or d.producer != i or not shared:
+            continue
+        until = max(b.last for b in shared)
+        held = max(b.bytes for b in shared)
+        if d.last > until and held > 0:
+            out.append(Buffer(f"{op.name}/kept-{k}", held, levels[schedule[until + 1]], d.end,
+                              i, d.readers, first=until + 1, last=d.last))
+    return out
+
+
 def _partners(
     graph: Graph, src: tuple[int, int], sizes: Sizes, owner: Mapping[str, Buffer]
 ) -> set[str]:
@@ -1320,7 +1350,7 @@ def _partners(
     body = loop_body(graph, i, tuple(sizes.shapes[p][q] for p, q in ins))
     if body is None or port >= len(body.kinds) or body.kinds[port] != "duplicate":
         return set()
-    ports = _duplicated(body).get(port) or range(len(op.outputs))
+    ports = duplicated(body).get(port) or range(len(op.outputs))
     return {b.tensor for k in ports if (b := owner.get(f"{op.name}:{k}")) is not None}
 
 
@@ -1562,39 +1592,6 @@ def _running(body: LoopBody) -> LoopBody:
     return dataclasses.replace(body, graph=g.replace(ops))
 
 
-def _duplicated(body: LoopBody) -> dict[int, tuple[int, ...]]:
-    """For each ``"duplicate"`` list variable of a loop, the list variables it shares with.
-
-    A forward loop pushes a state's new value into one accumulator (and its output
-    sequence) and, the next iteration, its previous value into another: they hold the
-    same buffers (but the first). A list variable whose partners are not found maps to
-    ``()``.
-    """
-    g = body.graph
-    n = len(body.kinds)
-
-    def pushed(ref: str) -> str:
-        """What the push that makes ``ref`` pushes, through pass ops ("" if none)."""
-        t = value_through(g, ref) if ref else ""
-        j = g.index.get(t.rpartition(":")[0])
-        op = g.ops[j] if j is not None else None
-        if op is None or op.type not in ("TensorListPushBack", "TensorListSetItem"):
-            return ""
-        return value_through(g, op.inputs[-1]) if op.inputs else ""
-
-    values = [pushed(ref) for ref in body.returns[:n]]
-    args = {f"{g.ops[k].name}:0": k for k in range(min(n, len(g.ops)))}
-    out: dict[int, tuple[int, ...]] = {}
-    for k, kind in enumerate(body.kinds):
-        if kind != "duplicate":
-            continue
-        m = args.get(values[k]) if k < len(values) else None
-        ref = body.returns[m] if m is not None and m < len(body.returns) else ""
-        new = value_through(g, ref) if ref else ""
-        out[k] = tuple(j for j, v in enumerate(values) if j != k and v and v == new)
-    return out
-
-
 #: Cross-entropy kernels that allocate a temporary of one value per row of the logits
 #: (``allocate_temp`` in ``sparse_xent_op.cc`` and ``xent_op.cc``, on every device).
 _XENT_OPS = frozenset({"SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits"})
@@ -1711,6 +1708,8 @@ def workspace_reason(b: Buffer) -> str:
         return "what a conditional's branch allocates"
     if b.scratch or b.tensor.endswith("/workspace"):
         return "kernel workspace"
+    if b.tensor.rpartition("/")[2].startswith("kept-"):
+        return "states a loop's accumulator keeps for its gradient (no tensor of the graph)"
     return "results a loop computed ahead (no tensor of the graph)"
 
 

@@ -430,6 +430,28 @@ def _size_tensor_lists(
                     # lists the loop consumes (a gradient loop pops its accumulators) and
                     # lists holding buffers another list holds
                     sizes[k] = 0
+            for k, partners in (duplicated(body).items() if "duplicate" in kinds else ()):
+                # A state's previous values, whose new values another list holds: only
+                # the elements that list does not hold are this one's. A fixed-size list
+                # the body sets one slot of (a recurrent layer's last output) holds one
+                # element; the accumulator, one per iteration (a GRU's: 0.890 of measured
+                # when all of them were counted as the other list's).
+                src = ins[k] if k < len(ins) else None
+                if k in aliases or src is None or not partners:
+                    continue
+                if src in capacity:
+                    full = capacity[src]
+                elif src in element:
+                    if trips is None:
+                        trips = trip_count(graph, i, body, lambda t: (
+                            vals[t][1] if t in vals else None))
+                    if not trips:
+                        continue
+                    full = trips * element[src]
+                else:
+                    continue
+                shared = max(filled.get((i, m), 0) for m in partners)
+                sizes[k] = max(full - shared, 0)
         elif op.type in BRANCH_ATTRS:
             for k, b in _optional_results(graph, i, shapes, batch).items():
                 sizes[k] = b
@@ -1402,3 +1424,36 @@ def _loop_kind(
 def _pushes(body: Graph) -> list[Op]:
     """The ops of a body that put a value into a list."""
     return [op for op in body.ops if op.type in ("TensorListPushBack", "TensorListSetItem")]
+
+
+def duplicated(body: LoopBody) -> dict[int, tuple[int, ...]]:
+    """For each ``"duplicate"`` list variable of a loop, the list variables it shares with.
+
+    A forward loop pushes a state's new value into one accumulator (and its output
+    sequence) and, the next iteration, its previous value into another: they hold the
+    same buffers (but the first). A list variable whose partners are not found maps to
+    ``()``.
+    """
+    g = body.graph
+    n = len(body.kinds)
+
+    def pushed(ref: str) -> str:
+        """What the push that makes ``ref`` pushes, through pass ops ("" if none)."""
+        t = value_through(g, ref) if ref else ""
+        j = g.index.get(t.rpartition(":")[0])
+        op = g.ops[j] if j is not None else None
+        if op is None or op.type not in ("TensorListPushBack", "TensorListSetItem"):
+            return ""
+        return value_through(g, op.inputs[-1]) if op.inputs else ""
+
+    values = [pushed(ref) for ref in body.returns[:n]]
+    args = {f"{g.ops[k].name}:0": k for k in range(min(n, len(g.ops)))}
+    out: dict[int, tuple[int, ...]] = {}
+    for k, kind in enumerate(body.kinds):
+        if kind != "duplicate":
+            continue
+        m = args.get(values[k]) if k < len(values) else None
+        ref = body.returns[m] if m is not None and m < len(body.returns) else ""
+        new = value_through(g, ref) if ref else ""
+        out[k] = tuple(j for j, v in enumerate(values) if j != k and v and v == new)
+    return out

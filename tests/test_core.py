@@ -524,7 +524,7 @@ def test_a_forward_loop_s_duplicate_accumulator_names_the_lists_it_shares():
 
     Popping one of the two lists frees nothing while the other still holds the element.
     """
-    from lmscore import memory
+    from lmscore import shapes
 
     f, v = "float", "variant"
     ops = (
@@ -544,7 +544,7 @@ def test_a_forward_loop_s_duplicate_accumulator_names_the_lists_it_shares():
     )
     body = LoopBody(Graph(ops), ("carried", "filled", "duplicate", "filled"), (-1,) * 4,
                     ("out:0", "push_new:0", "push_prev:0", "push_other:0"))
-    assert memory._duplicated(body) == {2: (1,)}
+    assert shapes.duplicated(body) == {2: (1,)}
 
 
 @pytest.mark.parametrize("op_type", ["SparseSoftmaxCrossEntropyWithLogits",

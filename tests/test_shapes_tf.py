@@ -74,3 +74,35 @@ ZOO = [e.name for e in zoo.ENTRIES if not e.fixed_batch and not e.large]
 @pytest.mark.parametrize("name", ZOO)
 def test_zoo_shapes_match_tensorflow(name):
     _compare(zoo.graph(name), zoo.graphdef(name), 3)
+
+
+def test_a_gru_s_state_accumulator_holds_what_its_output_list_does_not():
+    """A fixed-batch GRU's accumulator of previous states is no longer counted as shared.
+
+    Without ``return_sequences`` the layer's output list has one slot, set each step; the
+    accumulator the gradient reads pushes every previous state. It shares one element with
+    the output list and holds the other ``frames - 1`` itself (it was sized 0, as if the
+    output list held them all: such a step simulated at 0.890 of measured).
+    """
+    from lmscore.shapes import duplicated, loop_body
+    from lmscore.tfgraph import graphdef_from_concrete_function
+
+    k = zoo._keras()
+    k.backend.clear_session()
+    k.utils.set_random_seed(5)
+    frames, batch, units = 16, 4, 8
+    m = k.Sequential([k.Input((frames, 3)), k.layers.GRU(units), k.layers.Dense(2)])
+    cf, _ = zoo._custom_step(m, zoo._sparse_ce(), k.optimizers.SGD(0.1),
+                             *zoo._specs(batch, (frames, 3), ()))
+    g = lmscore.from_graphdef_bytes(graphdef_from_concrete_function(cf), source="gru")
+    sizes = resolve(g, batch)
+    adj = g.adjacency
+    loops = [i for i, op in enumerate(g.ops) if op.type in ("While", "StatelessWhile")
+             and not op.name.startswith("gradient_tape/")]
+    assert len(loops) == 1
+    i = loops[0]
+    body = loop_body(g, i, tuple(sizes.shapes[p][q] for p, q in adj.data_in[i]))
+    (k_dup, partners), = duplicated(body).items()
+    element = batch * units * 4
+    assert [sizes.nbytes[i][p] for p in partners] == [element]
+    assert sizes.nbytes[i][k_dup] == (frames - 1) * element

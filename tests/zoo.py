@@ -331,6 +331,44 @@ def masked_bilstm_tagger(batch=None):
     return _fit_step(m, *_specs(batch, (20,), (20,), "int32"))
 
 
+def ctc_bigru(batch=None):
+    """Speech-style: Conv1D, a bidirectional GRU over 48 frames, CTC loss with label lengths;
+    Adam, custom loop, fixed batch. Each GRU's accumulator of its previous states outlives
+    the output sequence it shares them with."""
+    import tensorflow as tf
+
+    k = _keras()
+    k.utils.set_random_seed(22)
+    frames, feats, classes, labels = 48, 16, 10, 8
+    m = k.Sequential([k.Input((frames, feats)),
+                      k.layers.Conv1D(24, 5, padding="same", activation="relu"),
+                      k.layers.Bidirectional(k.layers.GRU(32, return_sequences=True)),
+                      k.layers.Dense(classes)], name="ctc")
+    opt = k.optimizers.Adam(1e-3)
+    m(tf.zeros([1, frames, feats]))
+    opt.build(m.trainable_variables)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            with tf.name_scope("fwd"):
+                logits = m(x, training=True)
+                n = tf.shape(x)[0]
+                per = tf.nn.ctc_loss(labels=y + 1, logits=logits,  # 0 is the blank
+                                     label_length=tf.fill([n], labels),
+                                     logit_length=tf.fill([n], frames),
+                                     logits_time_major=False, blank_index=0)
+                value = tf.identity(tf.reduce_mean(per), name="zoo_loss")
+        grads = tape.gradient(value, m.trainable_variables)
+        opt.apply_gradients(zip(grads, m.trainable_variables, strict=True))
+        return value
+
+    cf = tf.function(step).get_concrete_function(
+        tf.TensorSpec((batch, frames, feats), "float32", name="x"),
+        tf.TensorSpec((batch, labels), "int32", name="y"))
+    cf.zoo_objects = (m, opt)  # the function holds them weakly
+    return cf, ("fwd/",)
+
+
 def recurrent_dropout_rnn(batch=None):
     """An LSTM then a GRU, both with recurrent dropout: their gradient loops run far ahead.
 
@@ -936,6 +974,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("stacked_lstm", stacked_lstm, 4, True),
     Entry("bigru_rnn", bigru_rnn, 8, False),
     Entry("masked_bilstm_tagger", masked_bilstm_tagger, 32, False),
+    Entry("ctc_bigru", ctc_bigru, 8, True),
     Entry("recurrent_dropout_rnn", recurrent_dropout_rnn, 16, False),
     Entry("hand_loop_rnn", hand_loop_rnn, 16, False),
     Entry("seq2seq_attention", seq2seq_attention, 16, False),
