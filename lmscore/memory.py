@@ -1121,6 +1121,13 @@ def _loop_effects(
                     filled += b.bytes
         arrivals = tuple(pos[s] for s, _ in ins[: len(body.kinds)])
         cost = _body_cost(body, sizes.batch_size, workspace, depth, arrivals)
+        # A lowered loop's Enter nodes all wait for its control inputs (TensorFlow's
+        # lowering gives them one NoOp of those): no part of it runs ahead of them (a
+        # pinned plan chains the loop right after the op before it)
+        gate = max((pos[c] for c in adj.control_in[i]), default=-1)
+        if gate > cost.ahead_from:
+            cost = dataclasses.replace(cost, ahead_from=gate, waits=tuple(
+                (max(a, gate), u, w) for a, u, w in cost.waits))
         trips = trip_count(graph, i, body, sizes.values.get)
         limit = min(int(op.attrs.get("parallel_iterations", 10) or 1), trips) if trips else 1
         window = _ahead_iterations(graph, ordering, sizes, cost, limit, max(arrivals, default=0))
