@@ -43,6 +43,7 @@ import pathlib
 import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -520,6 +521,10 @@ def swap(
         raise ConfigError(f"{what}: cannot be given with a plan (the plan is applied as is)")
 
     cf = _concrete_function(tf, train_step, specs)
+    attrs = cf.function_def.attr
+    if "_XlaMustCompile" in attrs and attrs["_XlaMustCompile"].b:
+        warnings.warn("jit_compile: the rewritten step runs without XLA (XLA would compile "
+                      "the swaps away)", stacklevel=2)
     graph = from_function(cf)
     graph = graph.replace(graph.ops, source=getattr(train_step, "__name__", None) or cf.graph.name)
     dev, hst = _local_devices(tf)

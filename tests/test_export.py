@@ -388,6 +388,32 @@ def test_swap_traces_tf_functions():
 
 
 @pytest.mark.tf
+def test_swap_of_an_xla_step_says_it_runs_without_xla():
+    """A ``jit_compile`` step is rewritten and run by TensorFlow's executor, and says so.
+
+    XLA would compile the swap nodes away; dropping it silently changes the user's step.
+    """
+    tf = pytest.importorskip("tensorflow")
+    import warnings
+
+    v = tf.Variable(tf.ones([4, 4]))
+
+    def body(x):
+        loss = tf.reduce_sum(tf.tanh(tf.matmul(tf.nn.relu(tf.matmul(x, v)), v)))
+        v.assign_sub(0.01 * tf.gradients(loss, v)[0])
+        return loss
+
+    spec = tf.TensorSpec([3, 4])
+    with pytest.warns(UserWarning, match="jit_compile: the rewritten step runs without XLA"):
+        swapped = export.swap(tf.function(body, jit_compile=True), spec, threshold=1)
+    assert float(swapped(tf.ones([3, 4]))) > 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        export.swap(tf.function(body), spec, threshold=1)
+    assert not [w for w in caught if "jit_compile" in str(w.message)]
+
+
+@pytest.mark.tf
 def test_swapped_step_errors_are_one_line():
     step, _ = _keras_step()
     swapped = export.swap(step, threshold=1, batch_size=8)
