@@ -996,6 +996,16 @@ def _shape_from_values(
         return v(1 if t == "BroadcastTo" else 0)
     if t == "Fill" and v(0) is not None:
         return v(0)
+    if t == "Slice" and v(1) is not None and v(2) is not None and _known(in_shape(0)):
+        # size -1: the rest of the dimension from begin (a sampled softmax slices the
+        # sampled classes' weights after the batch's own rows)
+        src, begin, size = in_shape(0), v(1), v(2)
+        if len(begin) == len(size) == len(src) and all(
+                0 <= b <= d for b, d in zip(begin, src, strict=True)):
+            out = tuple(d - b if n == -1 else n
+                        for b, n, d in zip(begin, size, src, strict=True))
+            if all(0 <= n for n in out):
+                return out
     if t == "Pack" and ins and all(_known(in_shape(k)) for k in range(len(ins))):
         # N equal shapes stacked along a new axis (a TimeDistributed layer's steps)
         src = in_shape(0)

@@ -215,8 +215,46 @@ def test_rows_from_indices_segments_stacks_and_diagonals():
     assert s.unknown == ()
 
 
+def test_a_slice_takes_its_rows_from_begin_and_size():
+    """``tf.slice(w, [batch, 0], [-1, -1])`` keeps the rows after the batch's own.
+
+    A sampled softmax gathers the batch's and the sampled classes' weights together and
+    slices the sampled ones out: given the input's rows, its logits were a batch wide
+    (a step simulated at 1.744 of measured).
+    """
+    f = "float"
+    ops = (
+        Op("x", "Placeholder", outputs=t(f, -1, 8)),
+        Op("shape", "Shape", inputs=("x:0",), outputs=t("int32", 2)),
+        Op("b", "Const", outputs=t("int32", 1), attrs={"value": (0,)}),
+        Op("e", "Const", outputs=t("int32", 1), attrs={"value": (1,)}),
+        Op("rows", "StridedSlice", inputs=("shape:0", "b:0", "e:0", "e:0"),
+           outputs=t("int32"), attrs={"begin_mask": 0, "end_mask": 0, "shrink_axis_mask": 1,
+                                      "ellipsis_mask": 0, "new_axis_mask": 0}),
+        Op("zero", "Const", outputs=t("int32"), attrs={"value": (0,)}),
+        Op("begin", "Pack", inputs=("rows:0", "zero:0"), outputs=t("int32", 2),
+           attrs={"axis": 0, "N": 2}),
+        Op("rest", "Const", outputs=t("int32", 2), attrs={"value": (-1, -1)}),
+        Op("sixteen", "Const", outputs=t(f, 16, 8)),
+        Op("ax", "Const", outputs=t("int32"), attrs={"value": (0,)}),
+        Op("both", "ConcatV2", inputs=("x:0", "sixteen:0", "ax:0"), outputs=t(f, -1, 8),
+           attrs={"N": 2}),
+        Op("sampled", "Slice", inputs=("both:0", "begin:0", "rest:0"), outputs=t(f, -1, -1)),
+        Op("at", "Const", outputs=t("int32", 2), attrs={"value": (1, 2)}),
+        Op("size", "Const", outputs=t("int32", 2), attrs={"value": (2, 3)}),
+        Op("corner", "Slice", inputs=("both:0", "at:0", "size:0"), outputs=t(f, -1, -1)),
+    )
+    g = Graph(ops)
+    s = resolve(g, 5)
+    assert s.shapes[g.index["both"]] == ((21, 8),)
+    assert s.shapes[g.index["sampled"]] == ((16, 8),)
+    assert s.shapes[g.index["corner"]] == ((2, 3),)
+    assert s.unknown == ()
+
+
 @pytest.mark.parametrize("op_type", ["GatherV2", "Gather", "GatherNd", "Pack", "MatrixDiag",
-                                     "MatrixDiagV3", "UnsortedSegmentSum", "Transpose"])
+                                     "MatrixDiagV3", "UnsortedSegmentSum", "Transpose",
+                                     "Slice"])
 def test_an_op_without_the_inputs_its_shape_rule_reads_keeps_its_recorded_shape(op_type):
     """Found by fuzzing the import: a GatherV2 with no inputs made the rule raise."""
     g = Graph((Op("n0", op_type, outputs=t("float", -1, 8)),))
