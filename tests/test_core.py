@@ -640,3 +640,60 @@ def test_a_cross_entropy_kernel_holds_a_value_per_row_while_it_runs(op_type):
     assert accel.device_curve[at] - tensors.device_curve[at] == 400 * 4
     assert memory.workspace_reason(scratch[0]) == "kernel workspace"
     assert simulate(g, 4, workspace="eigen").device_curve == accel.device_curve
+
+
+def _frames(rows: int, width: int) -> Graph:
+    """A sequence (batch x 3 frames x ``width``) transposed to frames first, framed by index."""
+    f, i32 = "float", "int32"
+    ops = [
+        Op("x", "Placeholder", outputs=t(f, rows, 3, width)),
+        Op("perm", "Const", outputs=t(i32, 3), attrs={"value": (1, 0, 2)}),
+        Op("tr", "Transpose", inputs=("x:0", "perm:0"), outputs=t(f, 3, rows, width)),
+        Op("one", "Const", outputs=t(i32, 1), attrs={"value": (1,)}),
+    ]
+    for k in range(3):
+        ops += [
+            Op(f"b{k}", "Const", outputs=t(i32, 1), attrs={"value": (k,)}),
+            Op(f"e{k}", "Const", outputs=t(i32, 1), attrs={"value": (k + 1,)}),
+            Op(f"frame{k}", "StridedSlice", inputs=("tr:0", f"b{k}:0", f"e{k}:0", "one:0"),
+               outputs=t(f, rows, width), attrs={"begin_mask": 0, "end_mask": 0,
+                                                  "shrink_axis_mask": 1, "ellipsis_mask": 0,
+                                                  "new_axis_mask": 0}),
+            Op(f"y{k}", "Tanh", inputs=(f"frame{k}:0",), outputs=t(f, rows, width)),
+        ]
+    ops.append(Op("out", "AddN", inputs=("y0:0", "y1:0", "y2:0"), outputs=t(f, rows, width),
+                  attrs={"N": 3}))
+    return Graph(tuple(ops))
+
+
+def test_whole_aligned_rows_of_the_first_axis_are_views():
+    """A frame of a transposed sequence (``x[t]``) shares the sequence's buffer when its rows
+    are aligned (TensorFlow's ``IsDim0SliceAligned``): the sequence lives while any frame
+    is read. Rows of 12 bytes are not aligned: each frame is a copy."""
+    aligned = simulate(_frames(4, 16), 4)  # rows of 4 x 16 floats: 256 bytes
+    (tr,) = [b for b in aligned.buffers if b.tensor == "tr:0"]
+    assert {"frame0:0", "frame1:0", "frame2:0"} <= set(tr.views)
+    assert not [b for b in aligned.buffers if b.tensor.startswith("frame")]
+    copies = simulate(_frames(1, 3), 1)  # 12 bytes
+    assert {b.tensor for b in copies.buffers if b.tensor.startswith("frame")} == {
+        "frame0:0", "frame1:0", "frame2:0"}
+
+
+def test_eigen_s_max_pool_gradient_writes_into_the_pooled_input():
+    """Eigen's ``MaxPoolGrad`` writes its gradient into the pooling's input once nothing else
+    holds it; the other kernels allocate it."""
+    f = "float"
+    ops = (
+        Op("x", "Placeholder", outputs=t(f, 2, 8, 8, 4)),
+        Op("a", "Relu", inputs=("x:0",), outputs=t(f, 2, 8, 8, 4)),
+        Op("m", "MaxPool", inputs=("a:0",), outputs=t(f, 2, 4, 4, 4),
+           attrs={"ksize": (1, 2, 2, 1)}),
+        Op("dm", "Neg", inputs=("m:0",), outputs=t(f, 2, 4, 4, 4)),
+        Op("da", "MaxPoolGrad", inputs=("a:0", "m:0", "dm:0"), outputs=t(f, 2, 8, 8, 4)),
+        Op("loss", "Sum", inputs=("da:0", "x:0"), outputs=t(f)),
+    )
+    g = Graph(ops)
+    eigen = {b.tensor: b for b in simulate(g, 2, workspace="eigen").buffers if not b.scratch}
+    assert "da:0" in eigen["a:0"].views
+    accel = {b.tensor: b for b in simulate(g, 2).buffers}
+    assert "da:0" in accel and "da:0" not in accel["a:0"].views
