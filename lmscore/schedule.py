@@ -131,6 +131,24 @@ def _units(graph: Graph, names: Sequence[str]) -> list[tuple[str, ...]]:
         return [(n,) for n in names]
     preds = graph.adjacency.preds
     at = {i: n for n, i in enumerate(seq)}  # kept up to date as groups move
+    # What an op waits for among the chained ops, also through ops left out of the chain
+    # (a variable's read after an update): a direct-predecessor check let an optimizer
+    # step move ahead of the update its read waits for, and the chain closed a cycle
+    reached: dict[int, frozenset[int]] = {}
+
+    def waits_for(i: int) -> frozenset[int]:
+        stack = [p for p in preds[i] if p not in at and p not in reached]
+        while stack:
+            q = stack[-1]
+            todo = [p for p in preds[q] if p not in at and p not in reached]
+            if todo:
+                stack += todo
+                continue
+            stack.pop()
+            reached[q] = frozenset(p for p in preds[q] if p in at).union(
+                *(reached[p] for p in preds[q] if p not in at))
+        return frozenset(p for p in preds[i] if p in at).union(
+            *(reached[p] for p in preds[i] if p not in at))
     unit_of: dict[int, int] = {}  # member -> its group's first member
     k = 0
     while k < len(seq):
@@ -150,10 +168,10 @@ def _units(graph: Graph, names: Sequence[str]) -> list[tuple[str, ...]]:
         moved: set[int] = set()
         for i in seq[k + 1:last + 1]:
             if i in group:
-                if any(p in moved for p in preds[i]):
+                if any(p in moved for p in waits_for(i)):
                     break  # a member waits for an op that would move: the group stays apart
                 members.append(i)
-            elif any(p in moved or p in group for p in preds[i]):
+            elif any(p in moved or p in group for p in waits_for(i)):
                 moved.add(i)
                 late.append(i)
             else:

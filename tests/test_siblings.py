@@ -129,6 +129,20 @@ def test_a_pinned_order_chains_siblings_as_one():
     assert step.op("updb").control_inputs == ("l2b",)
 
 
+def test_what_waits_for_a_sibling_through_an_unchained_op_moves_after_it():
+    """An op that waits for ``g_b`` through an op left out of the chain (``l2b`` here, as a
+    variable read after an update is) moves after the pair too: kept ahead of ``g_b``, the
+    chain closed a cycle (an AdamW step's memory-aware order: "the graph has a cycle")."""
+    g = bias_grad_step()
+    ordering = order(g)
+    names = [g.ops[i].name for i in chained_ops(g, ordering, ordering.schedule)
+             if g.ops[i].name != "l2b"]
+    step = scheduled(g, names)
+    lint(step)
+    new = [step.ops[i].name for i in order(step).schedule]
+    assert new.index("g_w") < new.index("d") and new.index("g_b") < new.index("d")
+
+
 def shared_gradient_step() -> Graph:
     """:func:`bias_grad_step` with a second convolution of ``relu1`` beside the first,
     whose output is added to the first's (an attention gate): both read one gradient, so
