@@ -561,6 +561,10 @@ def _highs(cost: np.ndarray, blocks: list[tuple[Any, float, float]], lower: np.n
         # PCIe 3, in the memory-aware order: 0.08 s to "infeasible", against 11.38 s of
         # swaps exactly within every row); at 1e-9 it finds it in 0.15 s
         h.setOptionValue("mip_feasibility_tolerance", 1e-9)
+        # HiGHS 1.15's root reduced-cost heuristic can loop for ever in the presolve of
+        # its sub-MIP, past the time limit: a small CNN's plan at one batch of
+        # --max-batch had no answer in 90 s (0.02 s without the heuristic)
+        h.setOptionValue("mip_heuristic_run_root_reduced_cost", False)
         h.passModel(lp)
         h.cbMipInterrupt.subscribe(enough)
         h.run()

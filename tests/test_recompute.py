@@ -323,3 +323,33 @@ def test_highs_finds_the_plan_it_once_called_infeasible():
     assert (x >= d["lower"] - 1e-9).all() and (x <= d["upper"] + 1e-9).all()
     assert d["cost"] @ x == pytest.approx(11381.44, rel=2e-3)
     assert n == x.size
+
+
+def test_highs_answers_a_plan_its_heuristic_once_looped_on():
+    """A small CNN's MILP at one batch of ``--max-batch`` (58 options): HiGHS 1.15's root
+    reduced-cost heuristic looped for ever in the presolve of its sub-MIP, past the time
+    limit (``--max-batch`` hung in 8 of 15 runs). Solved in a child process, so that a
+    loop fails the test instead of hanging it."""
+    import pathlib
+    import subprocess
+    import sys
+
+    data = pathlib.Path(__file__).parent / "data" / "milp_presolve_loop.npz"
+    code = f"""
+import numpy as np
+from scipy.sparse import coo_array
+from lmscore import planners
+d = np.load({str(data)!r})
+chain = coo_array((d["a_val"], (d["a_row"], d["a_col"])), shape=tuple(d["a_shape"]))
+pairs = coo_array((np.ones(len(d["b_row"])), (d["b_row"], d["b_col"])),
+                  shape=tuple(d["b_shape"]))
+got = planners._highs(d["cost"], [(chain, 0.0, 0.0), (pairs, -np.inf, 1.0)], d["lower"],
+                      d["upper"], int(d["n_int"]), 20.0)
+print(got.message, got.x is not None)
+"""
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+    except subprocess.TimeoutExpired:
+        pytest.fail("HiGHS did not answer within 60 s (its time limit is 20 s)")
+    assert out.split() == ["Optimal", "True"]
