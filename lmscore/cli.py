@@ -836,6 +836,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     for dest in filter(None, (args.out, args.plan_out, args.plot)):
         if pathlib.Path(dest).resolve() == source:
             raise ConfigError(f"{dest}: refusing to overwrite the input graph")
+    if args.max_batch and (fixed := fixed_batch(graph)) is not None:
+        # every batch would be the same step: the answer would be the search's limit
+        raise ConfigError(f"--max-batch: {args.file}: the graph's batch dimension is fixed at "
+                          f"{fixed}; trace the step with an unknown batch (None) to search it")
     opts = {"device": args.device, "link": args.link, "safety": args.safety,
             "workspace": args.workspace, "host_memory": args.host_memory}
     if args.profile:

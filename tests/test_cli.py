@@ -426,6 +426,17 @@ def test_fixed_batch_dimension_ignores_another_batch_size(tmp_path, capsys):
     assert json.loads(out)["batch_size"] == 3 and err == ""  # no batch to keep: as given
 
 
+def test_max_batch_of_a_fixed_batch_graph_says_so(tmp_path, capsys):
+    """Every batch of a graph with a fixed batch is the same step: --max-batch would answer
+    its search's limit (65,536 on a CTC model traced at batch 8)."""
+    fixed = _write_graph(tmp_path / "fixed.pb", [("x", "Placeholder", []),
+                                                 ("y", "Relu", ["x:0"])])
+    line = _one_error_line(capsys, cli.main(["tune", str(fixed), "--budget", "1MiB",
+                                             "--max-batch"]))
+    assert line == (f"lms: error: --max-batch: {fixed}: the graph's batch dimension is fixed "
+                    "at 4; trace the step with an unknown batch (None) to search it")
+
+
 def test_batch_note_gives_way_to_an_error(tmp_path, capsys):
     mine = tmp_path / "mine.pb"
     mine.write_bytes((sample_dir() / "mlp.pb").read_bytes())
