@@ -973,9 +973,9 @@ def _split_part_of(
         return None
     if shape[0] == 0:
         return None
-    row = nbytes // shape[0]
     if len(shape) > 1:
-        return value if row % _SPLIT_ALIGN == 0 else None
+        return value if _aligned_rows(sizes, value, shape) else None
+    row = nbytes // shape[0]
     parts = [shape[0] // n_parts] * n_parts if split else sizes.values.get(ins[1])
     if parts is None:
         return None
