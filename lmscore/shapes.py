@@ -25,8 +25,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from .errors import ConfigError, GraphError
@@ -402,7 +403,13 @@ def _size_tensor_lists(
             aliases = op.attrs.get("list_aliases", ())
             body = loop_body(graph, i, tuple(shapes[p][q] for p, q in ins))
             kinds = body.kinds if body is not None else ()
-            trips: int | None = None
+            # A list made without a count (a loop with no maximum_iterations) holds an
+            # element per iteration, when the loop's condition tells how many (else 0)
+            grows = any(kind in ("filled", "duplicate") and k < len(ins)
+                        and ins[k] in element and ins[k] not in capacity
+                        for k, kind in enumerate(kinds))
+            trips = trip_count(graph, i, body, lambda t: (
+                vals[t][1] if t in vals else None)) if grows else 0
             for k, src in enumerate(ins[: len(op.outputs)]):
                 if op.outputs[k].dtype != "variant":
                     continue
@@ -413,13 +420,8 @@ def _size_tensor_lists(
                     sizes[k] = 0 if k in aliases else capacity[src]
                     filled[(i, k)] = capacity[src]
                 elif kind == "filled" and src in element:
-                    # made without a count (a loop with no maximum_iterations): an element
-                    # per iteration, when the loop's condition tells how many
-                    if trips is None:
-                        trips = trip_count(graph, i, body, lambda t: (
-                            vals[t][1] if t in vals else None))
-                    sizes[k] = 0 if k in aliases else trips * element[src]
                     filled[(i, k)] = trips * element[src]
+                    sizes[k] = 0 if k in aliases else filled[(i, k)]
                 elif kind in ("pass", "filled", "refs"):
                     # what the list holds: the input list passed on or set in place, or
                     # the list whose elements it references (memory._view_of makes these
@@ -442,11 +444,6 @@ def _size_tensor_lists(
                 if src in capacity:
                     full = capacity[src]
                 elif src in element:
-                    if trips is None:
-                        trips = trip_count(graph, i, body, lambda t: (
-                            vals[t][1] if t in vals else None))
-                    if not trips:
-                        continue
                     full = trips * element[src]
                 else:
                     continue
@@ -1436,13 +1433,14 @@ def _pushes(body: Graph) -> list[Op]:
     return [op for op in body.ops if op.type in ("TensorListPushBack", "TensorListSetItem")]
 
 
-def duplicated(body: LoopBody) -> dict[int, tuple[int, ...]]:
+@functools.lru_cache(maxsize=64)
+def duplicated(body: LoopBody) -> Mapping[int, tuple[int, ...]]:
     """For each ``"duplicate"`` list variable of a loop, the list variables it shares with.
 
     A forward loop pushes a state's new value into one accumulator (and its output
     sequence) and, the next iteration, its previous value into another: they hold the
     same buffers (but the first). A list variable whose partners are not found maps to
-    ``()``.
+    ``()``. Found once per body (sizing and each simulation ask; read-only).
     """
     g = body.graph
     n = len(body.kinds)
@@ -1466,4 +1464,4 @@ def duplicated(body: LoopBody) -> dict[int, tuple[int, ...]]:
         ref = body.returns[m] if m is not None and m < len(body.returns) else ""
         new = value_through(g, ref) if ref else ""
         out[k] = tuple(j for j, v in enumerate(values) if j != k and v and v == new)
-    return out
+    return MappingProxyType(out)
