@@ -257,9 +257,21 @@ class Graph:
         return idx
 
     @functools.cached_property
+    def by_type(self) -> dict[str, tuple[int, ...]]:
+        """Indices of the ops of each type, in graph order (one pass for every lookup)."""
+        out: dict[str, list[int]] = {}
+        for i, op in enumerate(self.ops):
+            out.setdefault(op.type, []).append(i)
+        return {t: tuple(v) for t, v in out.items()}
+
+    def of_types(self, types: Iterable[str]) -> list[int]:
+        """Indices of the ops whose type is one of ``types``, in graph order."""
+        return sorted(i for t in types for i in self.by_type.get(t, ()))
+
+    @functools.cached_property
     def calls(self) -> tuple[int, ...]:
         """Indices of the functional ops (:data:`FUNCTIONAL_OPS`: loops, conditionals, calls)."""
-        return tuple(i for i, op in enumerate(self.ops) if op.type in FUNCTIONAL_OPS)
+        return tuple(self.of_types(FUNCTIONAL_OPS))
 
     @functools.cached_property
     def siblings(self) -> dict[int, tuple[int, ...]]:

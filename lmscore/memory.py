@@ -1012,11 +1012,11 @@ def _update_copies(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffe
     needed = ordering.needed
     pos = ordering.position
     data_in = adj.data_in
-    # Most ops are neither reads nor updates: find the op types that are, once each.
-    watched = {t for t in {op.type for op in ops} if _is_update(t)} | {"ReadVariableOp"}
+    # Most ops are neither reads nor updates: only the types that are (graph.by_type).
+    watched = {t for t in graph.by_type if _is_update(t)} | {"ReadVariableOp"}
     reads: dict[tuple[int, int], list[int]] = {}
     updates: dict[tuple[int, int], list[int]] = {}
-    for i in [i for i, op in enumerate(ops) if op.type in watched]:
+    for i in graph.of_types(watched):
         t = ops[i].type
         if data_in[i] and needed[i] and (
                 data_in[i][0] not in graph.copy_on_read):  # (reads copy it: nothing shared)
@@ -1665,7 +1665,7 @@ def _xent_scratch(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffer
     out = []
     pos = ordering.position
     needed = ordering.needed
-    for i in [i for i, op in enumerate(graph.ops) if op.type in _XENT_OPS]:
+    for i in graph.of_types(_XENT_OPS):
         op = graph.ops[i]
         if not needed[i] or not graph.adjacency.data_in[i]:
             continue
