@@ -878,11 +878,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         bar.close()
     if args.plot:
         _plot(graph, batch, result, args.plot, args.workspace)
-    if args.out:  # the step unchanged when nothing needs swapping: --out always has a graph
+    # the step unchanged when nothing needs swapping; when no plan fits, nothing is written
+    # (a file left from an earlier run that did fit stays as it was)
+    if args.out and result.fits:
         from .export import write_graphdef
 
         write_graphdef(rewrite(graph, result.plan).graph, args.out)
-    if args.plan_out:
+    if args.plan_out and result.fits:
         save_plan(result.plan, args.plan_out)
     if args.json:
         print(json.dumps(report, indent=2))
@@ -910,11 +912,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                 for name, r in report["comparison"].items()]
         print(_table(["strategy", "fits", "peak", "swapped", "overhead", "note"], rows))
     unchanged = ("" if not result.plan.changes_nothing() else
-                 " (the step unchanged: it fits without swapping)" if result.fits else
-                 " (the step unchanged: no plan fits)")
+                 " (the step unchanged: it fits without swapping)")
     for label, path in (("plan", args.plan_out), ("graph", args.out), ("plot", args.plot)):
-        if path:
+        if path and (result.fits or label == "plot"):
             print(f"  wrote {label} {path}{unchanged if label == 'graph' else ''}")
+        elif path:
+            print(f"  wrote no {label}: no plan fits ({path} left as it was)")
     return 0 if result.fits else 1
 
 

@@ -475,6 +475,23 @@ def test_tune_out_writes_the_unchanged_step_when_nothing_needs_swapping(tmp_path
     assert any(op.attrs.get("_lms_role") for op in load(out).ops)
 
 
+def test_tune_writes_nothing_when_no_plan_fits(tmp_path, capsys):
+    """A refusal leaves --out and --plan-out as they were: a file from an earlier fit stays."""
+    out, plan = tmp_path / "t.pb", tmp_path / "t.json"
+    out.write_bytes(b"earlier graph")
+    plan.write_text("earlier plan")
+    assert cli.main(["tune", "mlp", "--budget", "1KB", "--out", str(out),
+                     "--plan-out", str(plan)]) == 1
+    text = capsys.readouterr().out
+    assert out.read_bytes() == b"earlier graph" and plan.read_text() == "earlier plan"
+    assert f"wrote no graph: no plan fits ({out} left as it was)" in text
+    assert f"wrote no plan: no plan fits ({plan} left as it was)" in text
+    fresh = tmp_path / "new.pb"
+    assert cli.main(["tune", "mlp", "--budget", "1KB", "--out", str(fresh), "--json"]) == 1
+    capsys.readouterr()
+    assert not fresh.exists()
+
+
 class _Recorder(cli._Progress):
     """The CLI's progress bar, recording what it is told."""
 
