@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import pytest
@@ -135,15 +136,20 @@ def test_answers_come_back_from_the_children():
     assert got == 9 and all(child for _, child in answers.values())
 
 
-def test_quick_answers_are_asked_here_after_the_first_workers():
-    """A fork costs more than a quick answer: once two answers came quick, the rest here."""
+def test_quick_answers_are_asked_here_after_the_first_workers(monkeypatch):
+    """A fork costs more than a quick answer: once two answers came quick, the rest here.
+
+    "Quick" is below ``FORK_ABOVE`` seconds from fork to answer, raised here so that a
+    loaded machine, where a fork alone can take longer, still counts these as quick."""
+    monkeypatch.setattr(sys.modules["lmscore.tune"], "FORK_ABOVE", 60.0)
     parent = os.getpid()
     got, answers = _largest_batch(lambda b: (b <= 40, os.getpid() == parent),
                                   lambda b, a: a[0], 64, 1, workers=2)
     assert got == 40
     here = [b for b, (_, in_parent) in answers.items() if in_parent]
-    # the start, then two at once: when the second answer is in, the third is running
-    assert len(answers) - len(here) == 3 and len(here) >= 5
+    # the start, then two at once: when the first answer is in, a third is forked, unless
+    # the second came with it; after the second, no more
+    assert 2 <= len(answers) - len(here) <= 3 and len(here) >= 5
 
 
 @st.composite
