@@ -548,32 +548,42 @@ def _highs(cost: np.ndarray, blocks: list[tuple[Any, float, float]], lower: np.n
         if waited > 0 and out.mip_gap <= GAP_PER_SECOND * waited:
             event.interrupt()
 
-    # HiGHS 1.16 prints a banner to stdout when made, its MIP solver a stray line when it
-    # runs: either would break the command line's --json output
-    with native_output_silenced(1):
-        h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
-        h.setOptionValue("threads", 1)
-        h.setOptionValue("time_limit", float(time_limit))
-        h.setOptionValue("mip_rel_gap", 1e-3)
-        # HiGHS 1.13-1.16 call some of these problems infeasible at their default 1e-6,
-        # where HiGHS 1.12 finds the optimum (the zoo's EfficientNetB0 at batch 49,974 over
-        # PCIe 3, in the memory-aware order: 0.08 s to "infeasible", against 11.38 s of
-        # swaps exactly within every row); at 1e-9 it finds it in 0.15 s
-        h.setOptionValue("mip_feasibility_tolerance", 1e-9)
-        # HiGHS 1.15's root reduced-cost heuristic can loop for ever in the presolve of
-        # its sub-MIP, past the time limit: a small CNN's plan at one batch of
-        # --max-batch had no answer in 90 s (0.02 s without the heuristic)
-        h.setOptionValue("mip_heuristic_run_root_reduced_cost", False)
-        h.passModel(lp)
-        h.cbMipInterrupt.subscribe(enough)
-        h.run()
-    status = h.getModelStatus()
+    for tolerance, reduced_cost in TOLERANCES:
+        left = time_limit - (time.perf_counter() - started)
+        # HiGHS 1.16 prints a banner to stdout when made, its MIP solver a stray line when
+        # it runs: either would break the command line's --json output
+        with native_output_silenced(1):
+            h = highspy.Highs()
+            h.setOptionValue("output_flag", False)
+            h.setOptionValue("threads", 1)
+            h.setOptionValue("time_limit", float(max(left, 0.1)))
+            h.setOptionValue("mip_rel_gap", 1e-3)
+            h.setOptionValue("mip_feasibility_tolerance", tolerance)
+            h.setOptionValue("mip_heuristic_run_root_reduced_cost", reduced_cost)
+            h.passModel(lp)
+            h.cbMipInterrupt.subscribe(enough)
+            h.run()
+        status = h.getModelStatus()
+        if status != highspy.HighsModelStatus.kInfeasible:
+            break
     message = h.modelStatusToString(status)
     info = h.getInfo()
     if info.primal_solution_status != 2:  # kSolutionStatusFeasible
         return _Solved(None, message)
     return _Solved(np.asarray(h.getSolution().col_value), message)
+
+
+#: HiGHS' MIP feasibility tolerance and whether its root reduced-cost heuristic runs, in
+#: the order tried; the next only where HiGHS calls the problem infeasible. HiGHS 1.13-1.16
+#: call some of these problems infeasible at their default 1e-6, where HiGHS 1.12 finds the
+#: optimum (the zoo's EfficientNetB0 at batch 49,974 over PCIe 3, in the memory-aware
+#: order: 0.08 s to "infeasible", against 11.38 s of swaps exactly within every row); at
+#: 1e-9 it finds it in 0.15 s. But at 1e-7 and below, HiGHS 1.15's root reduced-cost
+#: heuristic can loop for ever in the presolve of its sub-MIP, past the time limit (a small
+#: CNN's plan at one batch of --max-batch), so it is off there. At 1e-6 it runs: it finds
+#: the incumbent that lets the 27k-op DenseNet's MILP near its largest batch over PCIe 3
+#: stop (2.7 s; 4.3 s at 1e-9 without it).
+TOLERANCES = ((1e-6, True), (1e-9, False))
 
 
 def _uncovered(opts: Sequence[Option], live: np.ndarray, budget: int) -> int:
