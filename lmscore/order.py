@@ -695,6 +695,21 @@ def _gradient_structure(
     to_gradient = _closure(graph, grad_in, cat, down=False)
     seeds = [i for i in _one_constants(graph, topo, cat, ones) if not forward_side[i] and any(
         to_gradient[c] for c in adj.consumers.get((i, 0), ()))]
+    # A constant 1 of the loss itself multiplies a value computed from the feeds into one
+    # that no gradient reads but the step uses (a loss weight of 1 times one output's loss,
+    # summed into the loss a metric records), where the seed's consumers are gradient
+    # arithmetic (its product with a loss's denominator, the gradient of a count, is
+    # pruned). It need not reach what the step returns: Keras' fit returns its metrics'
+    # variables, and the seed may reach a gradient returned through tf.identity, so the
+    # reach below would take the seed for the constant.
+    loose = {i: [c for c in adj.consumers.get((i, 0), ())
+                 if from_input[c] and not to_gradient[c] and not forward_side[c]]
+             for i in seeds}
+    if any(loose.values()):
+        used = _closure(graph, step_results(graph), cat, down=False)
+        of_loss = [i for i in seeds if any(used[c] or only_writes[c] for c in loose[i])]
+        if len(of_loss) < len(seeds):
+            seeds = [i for i in seeds if i not in of_loss]
     # A constant 1 of the forward pass (a dropout mask's range, the 1 of 1 + erf(x))
     # computes values that the seed's consumers read, and the seed's own first ops (the
     # gradient of the loss's reduction) lie outside its reach: such a constant is

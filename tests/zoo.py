@@ -824,6 +824,53 @@ def fit_two_heads(batch=None):
     return _fit_step(m, x_spec, y_spec)
 
 
+def fit_multi_io(batch=None):
+    """Keras ``fit`` of a model with two named inputs and two named outputs (dicts).
+
+    An image branch and a tabular branch meet in a shared trunk; the outputs are a
+    classification and a one-unit regression (MAE), weighted 1.0 and 0.3. The seed reaches
+    the regression bias's gradient, a one-element value returned through ``tf.identity``,
+    while the loss weight of 1.0 reaches nothing the step returns (fit returns its metrics'
+    variables).
+    """
+    import tensorflow as tf
+
+    k = _keras()
+    k.utils.set_random_seed(711)
+    layers = k.layers
+    img = k.Input((32, 32, 3), name="img")
+    tab = k.Input((20,), name="tab")
+    a = layers.Conv2D(16, 3, padding="same", activation="relu")(img)
+    a = layers.MaxPooling2D()(a)
+    a = layers.Conv2D(32, 3, padding="same", activation="relu")(a)
+    a = layers.GlobalAveragePooling2D()(a)
+    b = layers.Dense(32, activation="relu")(tab)
+    h = layers.Dense(64, activation="relu")(layers.Concatenate()([a, b]))
+    m = k.Model({"img": img, "tab": tab},
+                {"cls": layers.Dense(10, name="cls")(h), "reg": layers.Dense(1, name="reg")(h)},
+                name="multiio")
+    m.compile(optimizer=k.optimizers.Adam(1e-3),
+              loss={"cls": _sparse_ce(), "reg": k.losses.MeanAbsoluteError()},
+              loss_weights={"cls": 1.0, "reg": 0.3}, metrics={"cls": ["accuracy"]})
+    original = m.compute_loss
+
+    def compute_loss(*args, **kwargs):
+        return tf.identity(original(*args, **kwargs), name="zoo_loss")
+
+    m.compute_loss = compute_loss
+    m({"img": tf.zeros([1, 32, 32, 3]), "tab": tf.zeros([1, 20])}, training=False)
+    m.optimizer.build(m.trainable_variables)
+    xs = {"img": tf.TensorSpec((batch, 32, 32, 3), tf.float32, name="img"),
+          "tab": tf.TensorSpec((batch, 20), tf.float32, name="tab")}
+    ys = {"cls": tf.TensorSpec((batch,), tf.int32, name="ycls"),
+          "reg": tf.TensorSpec((batch, 1), tf.float32, name="yreg")}
+    cf = tf.function(m.train_step).get_concrete_function((xs, ys))
+    cf.zoo_objects = (m,)
+    scopes = {op.name.split("/")[0] for op in cf.graph.get_operations() if "/" in op.name}
+    own = sorted(x for x in scopes if re.fullmatch(r"multiio(_\d+)?", x))
+    return cf, tuple(f"{x}/" for x in own)
+
+
 def huber_regression(batch=None):
     """A regression MLP with dropout, Huber loss and Lion.
 
@@ -990,6 +1037,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("gan", gan, 16, False),
     Entry("attention_unet", attention_unet, 8, True),
     Entry("fit_two_heads", fit_two_heads, 8, False),
+    Entry("fit_multi_io", fit_multi_io, 16, False),
     Entry("huber_regression", huber_regression, 8, False),
     Entry("mixed_precision_cnn", mixed_precision_cnn, 4, False),
     Entry("mixed_precision_mlp", mixed_precision_mlp, 8, False),
