@@ -50,7 +50,10 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         message = message.removeprefix("argument ")  # "--budget: ...", as lmscore's errors
-        self.exit(EXIT_USAGE, f"lms: error: {message} (see 'lms {self.prog.split()[-1]} -h')\n")
+        # the command's own help, or the top level's where no command was understood
+        words = self.prog.split()
+        help_of = "lms -h" if len(words) < 2 else f"lms {words[-1]} -h"
+        self.exit(EXIT_USAGE, f"lms: error: {message} (see '{help_of}')\n")
 
 
 def quiet_tensorflow(verbose: bool = False) -> None:

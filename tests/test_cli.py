@@ -614,3 +614,11 @@ def test_validate_plan_measures_the_device_it_was_tuned_for(tmp_path, capsys):
     assert cli.main(["validate", "mlp", "--batch-size", "16", "--plan", str(plan),
                      "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["within_tuned_device"] is None
+
+
+def test_a_usage_error_points_at_the_right_help(capsys):
+    """An unknown command points at the top level's help, a command's error at its own."""
+    line = _one_error_line(capsys, _run(["swap", "mlp"]))
+    assert "invalid choice: 'swap'" in line and line.endswith("(see 'lms -h')")
+    line = _one_error_line(capsys, _run(["tune", "mlp"]))
+    assert "--budget" in line and line.endswith("(see 'lms tune -h')")
