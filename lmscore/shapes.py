@@ -993,6 +993,18 @@ def _shape_from_values(
         return v(1 if t == "BroadcastTo" else 0)
     if t == "Fill" and v(0) is not None:
         return v(0)
+    if t == "SparseTensorDenseMatMul" and v(2) is not None and _known(in_shape(3)):
+        # rows of the sparse operand's dense shape (an input value), columns of the dense
+        # operand's; the data flow would carry its rows from the coordinates' count
+        a_shape, b = v(2), in_shape(3)
+        if len(a_shape) == 2 and len(b) == 2:
+            return (a_shape[1] if op.attrs.get("adjoint_a") else a_shape[0],
+                    b[0] if op.attrs.get("adjoint_b") else b[1])
+    if t == "Where" and len(ins) == 1 and _known(in_shape(0)):
+        # one row of coordinates per true element: how many is known only from the data,
+        # so every element (the most it can be, and what a dense mask gives). Filled with
+        # the batch, a (64, 20000) mask's 20.5 MB of coordinates counted 1 KB.
+        return (math.prod(in_shape(0)), len(in_shape(0)))
     if t == "Slice" and v(1) is not None and v(2) is not None and _known(in_shape(0)):
         # size -1: the rest of the dimension from begin (a sampled softmax slices the
         # sampled classes' weights after the batch's own rows)

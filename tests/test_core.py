@@ -252,6 +252,32 @@ def test_a_slice_takes_its_rows_from_begin_and_size():
     assert s.unknown == ()
 
 
+def test_a_where_counts_every_element_and_a_sparse_product_its_dense_rows():
+    """``tf.sparse.from_dense(x)``: ``Where`` gives a row of coordinates per true element,
+    at most every element; the sparse product's rows are its dense shape's, not the
+    coordinates' (a bag of words over 20,000 words simulated at 0.754 of measured, its
+    coordinates counted as a batch of rows)."""
+    f = "float"
+    ops = (
+        Op("x", "Placeholder", outputs=t(f, -1, 20)),
+        Op("zero", "Const", outputs=t(f), attrs={"value": (0.0,)}),
+        Op("mask", "NotEqual", inputs=("x:0", "zero:0"), outputs=t("bool", -1, 20)),
+        Op("where", "Where", inputs=("mask:0",), outputs=t("int64", -1, 2)),
+        Op("values", "GatherNd", inputs=("x:0", "where:0"), outputs=t(f, -1)),
+        Op("dense_shape", "Shape", inputs=("x:0",), outputs=t("int64", 2),
+           attrs={"out_type": "int64"}),
+        Op("emb", "Const", outputs=t(f, 20, 16)),
+        Op("h", "SparseTensorDenseMatMul",
+           inputs=("where:0", "values:0", "dense_shape:0", "emb:0"), outputs=t(f, -1, 16)),
+    )
+    g = Graph(ops)
+    s = resolve(g, 4)
+    assert s.shapes[g.index["where"]] == ((80, 2),)
+    assert s.shapes[g.index["values"]] == ((80,),)
+    assert s.shapes[g.index["h"]] == ((4, 16),)
+    assert s.unknown == ()
+
+
 @pytest.mark.parametrize("op_type", ["GatherV2", "Gather", "GatherNd", "Pack", "MatrixDiag",
                                      "MatrixDiagV3", "UnsortedSegmentSum", "Transpose",
                                      "Slice"])
