@@ -66,6 +66,12 @@ class Validation:
     divergence : str
         Empty when the losses behave; otherwise why they do not (:func:`divergence`): the
         synthetic data make training blow up, which the peaks do not show.
+    xla_functions : tuple of str
+        Functions of the step that XLA compiles (``jit_compile=True``; Keras 3 compiles a
+        grouped convolution so). On the CPU their buffers are not in TensorFlow's
+        allocation records, so the measured peak leaves them out, and the simulation
+        counts their ops as TensorFlow would run them, where XLA fuses them: the ratio is
+        no check of them (a grouped convolution's step simulated at 2.0 of measured).
     """
 
     batch_size: int
@@ -84,6 +90,7 @@ class Validation:
     replayed_peak_bytes: int = 0
     replayed_ratio: float = math.nan
     divergence: str = ""
+    xla_functions: tuple[str, ...] = ()
 
     @property
     def diverged(self) -> bool:
@@ -95,7 +102,30 @@ class Validation:
         d = asdict(self)
         d["losses"] = list(self.losses)
         d["diverged"] = self.diverged
+        d["xla_functions"] = list(self.xla_functions)
         return d
+
+
+def xla_functions(graphdef: bytes) -> tuple[str, ...]:
+    """Names of the functions of ``graphdef``'s library that XLA must compile.
+
+    Examples
+    --------
+    >>> from tensorboard.compat.proto import graph_pb2
+    >>> gd = graph_pb2.GraphDef()
+    >>> f = gd.library.function.add()
+    >>> f.signature.name = "block"
+    >>> f.attr["_XlaMustCompile"].b = True
+    >>> xla_functions(gd.SerializeToString())
+    ('block',)
+    """
+    from tensorboard.compat.proto import graph_pb2
+
+    gd = graph_pb2.GraphDef()
+    gd.ParseFromString(graphdef)
+    return tuple(sorted(
+        f.signature.name for f in gd.library.function
+        if "_XlaMustCompile" in f.attr and f.attr["_XlaMustCompile"].b))
 
 
 def validate(graph: Graph, batch_size: int, *, steps: int = 2, seed: int = 0,
@@ -158,6 +188,7 @@ def validate(graph: Graph, batch_size: int, *, steps: int = 2, seed: int = 0,
         replayed_peak_bytes=replay.peak_bytes,
         replayed_ratio=replay.peak_bytes / measured_total if measured_total else float("inf"),
         divergence=divergence(m.losses, m.finite),
+        xla_functions=xla_functions(graph.graphdef),
     )
 
 
