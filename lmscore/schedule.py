@@ -37,7 +37,8 @@ def chained_ops(graph: Graph, ordering: Ordering, schedule: Sequence[int]) -> li
     """The ops of ``schedule`` that a pinned order chains: those that run on the device.
 
     Swap-outs run on the host; feeds, variables and constants are there before the step
-    starts; ops the step prunes never run.
+    starts; ops the step prunes never run; shape arithmetic (:func:`shape_arithmetic`)
+    runs whenever its inputs are there.
     """
     from .rewrite import SWAP_OUT
 
@@ -46,7 +47,35 @@ def chained_ops(graph: Graph, ordering: Ordering, schedule: Sequence[int]) -> li
         i for i in schedule
         if ordering.needed[i] and graph.ops[i].attrs.get("_lms_role") != SWAP_OUT
         and (cats[i] in (FORWARD, BACKWARD, UPDATE) or graph.ops[i].attrs.get("_lms_role"))
+        and not shape_arithmetic(graph, i)
     ]
+
+
+#: Integer and boolean dtypes: what shape arithmetic computes.
+_INTEGERS = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                       "uint64", "bool"})
+#: Ops that read only the shape of their input and return integers.
+_SHAPE_READS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+
+
+def shape_arithmetic(graph: Graph, i: int) -> bool:
+    """Whether op ``i`` computes integers from integers or from shapes alone.
+
+    A pinned order leaves these out of its chain. Grappler's constant folding evaluates
+    them where the shapes are known, and its result, inheriting the control edges of a
+    chain through them, could wait for itself: a transposed 1-D convolution's output
+    shape (``Pack`` of a batch read by ``Shape``, ``ConcatV2``) chained after a gradient's
+    ``Shape`` failed to run under default Grappler ("Incomplete graph, missing 1 inputs"),
+    where it ran with Grappler off. They allocate a few bytes each, so where they run
+    changes no peak.
+    """
+    op = graph.ops[i]
+    if not op.outputs or any(o.dtype not in _INTEGERS for o in op.outputs):
+        return False
+    if op.type in _SHAPE_READS:
+        return True
+    ops = graph.ops
+    return all(ops[p].outputs[port].dtype in _INTEGERS for p, port in graph.adjacency.data_in[i])
 
 
 def _categories_by_origin(graph: Graph, ordering: Ordering) -> Sequence[str]:
@@ -101,7 +130,8 @@ def scheduled(graph: Graph, names: Sequence[str]) -> Graph:
         return last[1]
     ops = list(graph.ops)
     idx = graph.index
-    units = _units(graph, names)
+    # (a plan's stored schedule may name them: it was saved before they left the chain)
+    units = _units(graph, [n for n in names if not shape_arithmetic(graph, idx[n])])
     for prev, unit in zip(units, units[1:], strict=False):
         for b in unit:
             j = idx[b]
@@ -314,4 +344,4 @@ def _buffer_model(graph: Graph, sizes: Sizes, sim: Simulation
     return nbytes, producers, [tuple(r) for r in readers]
 
 
-__all__ = ["chained_ops", "memory_schedule", "scheduled"]
+__all__ = ["chained_ops", "memory_schedule", "scheduled", "shape_arithmetic"]

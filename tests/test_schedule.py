@@ -187,3 +187,68 @@ def test_a_rewritten_step_keeps_its_originals_categories_and_a_clone_its_origina
     # what classifying the rewritten step again says of its original ops
     again = dict(zip((op.name for op in rw.ops), order(rw).categories, strict=True))
     assert {k: again[k] for k in TINY_CATEGORIES} == TINY_CATEGORIES
+
+
+def test_shape_arithmetic_stays_out_of_the_chain():
+    """Integers computed from integers or from a shape alone are left out of a pinned chain:
+    Grappler folds them, and a folded op inheriting the chain's edges could wait for
+    itself. Ops that read floating-point values stay in, whatever they return."""
+    from lmscore.schedule import shape_arithmetic
+
+    f = t("float", 4, 8)
+    g = Graph((
+        Op("x", "Placeholder", outputs=f),
+        Op("relu", "Relu", inputs=("x:0",), outputs=f),
+        Op("shape", "Shape", inputs=("relu:0",), outputs=t("int32", 2)),
+        Op("one", "Const", outputs=t("int32", 1), attrs={"value": (1,)}),
+        Op("batch", "StridedSlice", inputs=("shape:0", "one:0", "one:0", "one:0"),
+           outputs=t("int32")),
+        Op("dims", "Pack", inputs=("batch:0", "batch:0"), outputs=t("int32", 2)),
+        Op("argmax", "ArgMax", inputs=("relu:0", "one:0"), outputs=t("int64", 4)),
+        Op("ok", "Greater", inputs=("relu:0", "relu:0"), outputs=t("bool", 4, 8)),
+        Op("out", "Reshape", inputs=("relu:0", "dims:0"), outputs=f),
+    ))
+    assert [op.name for i, op in enumerate(g.ops) if shape_arithmetic(g, i)] == [
+        "shape", "one", "batch", "dims"]
+    step = scheduled(g, ["relu", "shape", "batch", "dims", "argmax", "ok", "out"])
+    waits = {op.name: op.control_inputs for op in step.ops if op.control_inputs}
+    assert waits == {"argmax": ("relu",), "ok": ("argmax",), "out": ("ok",)}
+
+
+@pytest.mark.tf
+def test_a_pinned_order_runs_under_default_grappler():
+    """A transposed 1-D convolution's output shape (the batch read by ``Shape``, packed and
+    concatenated) chained in a memory-aware order failed under default Grappler
+    ("Incomplete graph, missing 1 inputs for .../conv_transpose/concat"), and ran with
+    Grappler off."""
+    zoo = pytest.importorskip("zoo")
+
+    from lmscore.export import to_graphdef
+    from lmscore.load import from_graphdef_bytes
+    from lmscore.measure import measure
+    from lmscore.rewrite import rewrite
+    from lmscore.tfgraph import graphdef_from_concrete_function
+
+    k = zoo._keras()
+    k.utils.set_random_seed(710)
+    layers = k.layers
+    m = k.Sequential([
+        k.Input((256, 4)),
+        layers.Conv1D(32, 5, strides=2, padding="same", activation="relu"),
+        layers.Conv1D(64, 5, strides=2, padding="same", activation="relu"),
+        layers.Conv1DTranspose(32, 5, strides=2, padding="same", activation="relu"),
+        layers.Conv1DTranspose(16, 5, strides=2, padding="same", activation="relu"),
+        layers.Reshape((16, 16, 16)),
+        layers.Conv2DTranspose(32, 3, strides=2, padding="same", activation="relu"),
+        layers.Conv2DTranspose(16, 3, strides=2, padding="same", activation="relu"),
+        layers.Conv2D(4, 3, padding="same")], name="tdec")
+    cf, _ = zoo._custom_step(m, k.losses.MeanSquaredError(), k.optimizers.Adam(1e-3),
+                             *zoo._specs(None, (256, 4), (64, 64, 4), y_dtype="float32"))
+    data = graphdef_from_concrete_function(cf)
+    g = from_graphdef_bytes(data, source="tdec", text=False)
+    sizes = resolve(g, 64)
+    names = memory_schedule(g, simulate(g, 64, sizes=sizes, workspace="cpu"), sizes)
+    pinned = rewrite(g, Plan(fingerprint(g), schedule=tuple(names), pin_schedule=True)).graph
+    before = measure(data, 64, steps=2, grappler=True)
+    after = measure(to_graphdef(pinned), 64, steps=2, grappler=True)
+    assert after.losses == before.losses
