@@ -701,3 +701,32 @@ def gradient_input(op_type: str) -> int | None:
 def dtype_bytes(dtype: str) -> int | None:
     """Bytes per element of ``dtype``, or None when it has no fixed size (string, variant)."""
     return DTYPE_BYTES.get(dtype.removesuffix("_ref"))
+
+
+#: Integer and boolean dtypes: what shape arithmetic computes.
+_INTEGERS = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                       "uint64", "bool"})
+#: Ops that read only the shape of their input and return integers.
+_SHAPE_READS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+
+
+def shape_arithmetic(graph: Graph, i: int) -> bool:
+    """Whether op ``i`` computes integers from integers or from shapes alone.
+
+    A pinned order leaves these out of its chain. Grappler's constant folding evaluates
+    them where the shapes are known, and its result, inheriting the control edges of a
+    chain through them, could wait for itself: a transposed 1-D convolution's output
+    shape (``Pack`` of a batch read by ``Shape``, ``ConcatV2``) chained after a gradient's
+    ``Shape`` failed to run under default Grappler ("Incomplete graph, missing 1 inputs"),
+    where it ran with Grappler off. They allocate a few bytes each, so where they run
+    changes no peak. For the same reasons no swap's control edge starts or ends at one
+    (:func:`lmscore.plan.find_trigger`, :func:`lmscore.rewrite.rewrite`): out of the chain
+    it runs whenever its inputs are there, and Grappler may fold it away.
+    """
+    op = graph.ops[i]
+    if not op.outputs or any(o.dtype not in _INTEGERS for o in op.outputs):
+        return False
+    if op.type in _SHAPE_READS:
+        return True
+    ops = graph.ops
+    return all(ops[p].outputs[port].dtype in _INTEGERS for p, port in graph.adjacency.data_in[i])

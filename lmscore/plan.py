@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import ConfigError, PlanError
-from .ir import Graph, op_signatures, reaches, split_tensor
+from .ir import Graph, op_signatures, reaches, shape_arithmetic, split_tensor
 from .order import BACKWARD, FORWARD, Ordering, order
 from .shapes import Sizes, resolve
 from .swappable import (  # noqa: F401 - re-exported: plans are where they are used
@@ -821,7 +821,8 @@ def find_trigger(
                     at_level.setdefault(lv[p], []).append(p)
                     (stack if lv[p] > level else waiting).append(p)
         ops = [i for i in at_level.get(level, ())
-               if cats[i] in (FORWARD, BACKWARD) and i not in excluded]
+               if cats[i] in (FORWARD, BACKWARD) and i not in excluded
+               and not shape_arithmetic(graph, i)]
         at = [i for i in ops if control_safe(graph, i)] or (None if exact else ops)
         if at:
             return graph.ops[min(at)].name

@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, replace
 
 from .errors import GraphError, PlanError
-from .ir import Graph, Op, lint, split_tensor
+from .ir import Graph, Op, lint, shape_arithmetic, split_tensor
 from .order import SHAPE_ONLY_OPS, order
 from .plan import Plan, Swap, check_plan, control_safe, running_readers
 from .schedule import chained_ops, scheduled
@@ -309,11 +309,12 @@ def _released(graph: Graph, releases: list[tuple[str, str]], exact: bool) -> Gra
             if i == out:
                 continue
             if exact:
-                if needed[i] and control_safe(graph, i):
+                if needed[i] and control_safe(graph, i) and not shape_arithmetic(graph, i):
                     release = i
                     break
             elif (needed[i] and ops[i].outputs and ops[i].type not in SHAPE_ONLY_OPS
-                  and ops[i].attrs.get("_lms_role") != SWAP_OUT and i not in merged):
+                  and ops[i].attrs.get("_lms_role") != SWAP_OUT and i not in merged
+                  and not shape_arithmetic(graph, i)):
                 # the next op that allocates on the device, a swap-in included: where
                 # the simulation frees (a swap-in allowed to run first held its buffer
                 # beside the swapped one: ResNet-50 at batch 1,232, 1.6 GiB over a plan

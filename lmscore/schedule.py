@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import replace
 
-from .ir import Graph, parent_of, split_tensor
+from .ir import Graph, parent_of, shape_arithmetic, split_tensor
 from .memory import _VIEW_TYPES, Simulation, _view_of
 from .order import BACKWARD, FORWARD, SCHEDULED_AFTER, UPDATE, Ordering, order
 from .shapes import Sizes, resolve
@@ -49,33 +49,6 @@ def chained_ops(graph: Graph, ordering: Ordering, schedule: Sequence[int]) -> li
         and (cats[i] in (FORWARD, BACKWARD, UPDATE) or graph.ops[i].attrs.get("_lms_role"))
         and not shape_arithmetic(graph, i)
     ]
-
-
-#: Integer and boolean dtypes: what shape arithmetic computes.
-_INTEGERS = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
-                       "uint64", "bool"})
-#: Ops that read only the shape of their input and return integers.
-_SHAPE_READS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
-
-
-def shape_arithmetic(graph: Graph, i: int) -> bool:
-    """Whether op ``i`` computes integers from integers or from shapes alone.
-
-    A pinned order leaves these out of its chain. Grappler's constant folding evaluates
-    them where the shapes are known, and its result, inheriting the control edges of a
-    chain through them, could wait for itself: a transposed 1-D convolution's output
-    shape (``Pack`` of a batch read by ``Shape``, ``ConcatV2``) chained after a gradient's
-    ``Shape`` failed to run under default Grappler ("Incomplete graph, missing 1 inputs"),
-    where it ran with Grappler off. They allocate a few bytes each, so where they run
-    changes no peak.
-    """
-    op = graph.ops[i]
-    if not op.outputs or any(o.dtype not in _INTEGERS for o in op.outputs):
-        return False
-    if op.type in _SHAPE_READS:
-        return True
-    ops = graph.ops
-    return all(ops[p].outputs[port].dtype in _INTEGERS for p, port in graph.adjacency.data_in[i])
 
 
 def _categories_by_origin(graph: Graph, ordering: Ordering) -> Sequence[str]:
