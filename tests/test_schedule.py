@@ -252,3 +252,25 @@ def test_a_pinned_order_runs_under_default_grappler():
     before = measure(data, 64, steps=2, grappler=True)
     after = measure(to_graphdef(pinned), 64, steps=2, grappler=True)
     assert after.losses == before.losses
+
+
+def test_no_trigger_at_shape_arithmetic():
+    """A swap-in's trigger is never shape arithmetic: out of a pinned chain it runs as soon
+    as its inputs exist, and Grappler may fold it. At the level ``ahead`` asks for, the
+    float op is taken over the shape's integers, in tuned plans (``exact=False``) too."""
+    from lmscore.plan import find_trigger
+
+    f = t("float", 4, 8)
+    g = Graph((
+        Op("x", "Placeholder", outputs=f),
+        Op("a", "Relu", inputs=("x:0",), outputs=f),                        # level 1
+        Op("dims", "Shape", inputs=("a:0",), outputs=t("int32", 2)),        # level 2
+        Op("b", "Relu", inputs=("a:0",), outputs=f),                        # level 2
+        Op("c", "Reshape", inputs=("b:0", "dims:0"), outputs=f),            # level 3
+        Op("d", "AddV2", inputs=("c:0", "a:0"), outputs=f),                 # level 4
+        Op("loss", "Sum", inputs=("d:0", "dims:0"), outputs=t("float")),
+    ))
+    for exact in (True, False):
+        got = find_trigger(g, "a:0", ["d"], ahead=2, window=1, exact=exact)
+        assert got != "dims"
+    assert find_trigger(g, "a:0", ["d"], ahead=2, window=0, exact=False) == "b"
