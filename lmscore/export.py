@@ -53,7 +53,7 @@ from tensorboard.compat.proto import attr_value_pb2, graph_pb2, node_def_pb2, ty
 
 from .errors import ConfigError, GraphError, LmsError, PlanError, RunError
 from .ir import Graph, Op, TensorSpec, lint, split_tensor
-from .order import order
+from .order import SCHEDULED_AFTER, order
 from .plan import Plan, fingerprint, plan_from_params, write_atomic
 from .rewrite import SWAP_IN, SWAP_OUT, Rewrite, rewrite
 from .tune import TuneResult
@@ -194,11 +194,24 @@ def _graphdef(
                 for key in ("_lms_clone_of", "_lms_tensor"):
                     node.attr[key].s = str(op.attrs[key]).encode()
             node.device = op.device if mode == "gpu" else _emulated_device(op.device)
+        _mark_scheduled(node, op)
         del node.input[:]
         node.input.extend(_input_name(t) for t in op.inputs)
         node.input.extend(f"^{c}" for c in op.control_inputs)
         out.node.append(node)
     return out
+
+
+def _mark_scheduled(node: Any, op: Op) -> None:
+    """Write which of ``op``'s control inputs a pinned order added (``_lms_after``).
+
+    Loaded again, the step tells its own edges from the order's: left as data, the order's
+    edges made every update wait for a backward op and be classified backward.
+    """
+    after = op.attrs.get(SCHEDULED_AFTER)
+    if after:
+        del node.attr[SCHEDULED_AFTER].list.s[:]
+        node.attr[SCHEDULED_AFTER].list.s.extend(str(a).encode() for a in after)
 
 
 def _input_name(tensor: str) -> str:

@@ -253,6 +253,9 @@ def _unlinked_graph(
     sigs = _compiled_signatures()
     one_output = _one_output_signatures()
     pushes = _list_pushes(gd)
+    # a rewrite exported by lmscore marks ops of any type (clones, the pinned order's
+    # edges): looked for in every node only where the file holds such a mark at all
+    rewritten = graphdef is None or b"_lms_" in graphdef
     ops = []
     empty: dict[str, Any] = {}
     consts: dict[bytes, dict[str, Any]] = {}
@@ -333,7 +336,7 @@ def _unlinked_graph(
         set_control(op, control_in)
         set_outputs(op, outputs)
         set_attrs(op, _small_attrs(node, pushes, consts, attr=attr, op_type=op_type)
-                  if op_type in _ATTR_OPS else empty)
+                  if op_type in _ATTR_OPS else _lms_attrs(attr) if rewritten else empty)
         ops.append(op)
     functions = frozenset(f.signature.name for f in gd.library.function)
     return Graph(tuple(ops), source, functions, graphdef)
@@ -462,9 +465,8 @@ def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None,
         return decoded
     present = set(attr)  # one pass over the map instead of a lookup per candidate key
     out: dict[str, Any] = {}
-    for key in ("_lms_role", "_lms_tensor", "_lms_clone_of"):  # an exported rewrite's ops
-        if key in present:
-            out[key] = attr[key].s.decode("utf-8", "replace")
+    if not present.isdisjoint(_LMS_KEYS):
+        out.update(_lms_attrs(attr))
     if op_type in ("Identity", "DeepCopy"):
         return out
     if op_type in ("While", "StatelessWhile") and pushes:
@@ -507,6 +509,20 @@ def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None,
 
 #: The attributes :func:`_small_attrs` reads of any op type.
 _OTHER_ATTRS = frozenset({"element_dtype", *_FUNC_ATTRS, *_SCALAR_ATTRS})
+#: What an exported rewrite marks its ops with: swap ops, clones, and the pinned order's
+#: control edges (:data:`lmscore.order.SCHEDULED_AFTER`).
+_LMS_KEYS = frozenset({"_lms_role", "_lms_tensor", "_lms_clone_of", "_lms_after"})
+
+
+def _lms_attrs(attr: Any) -> dict[str, Any]:
+    """The marks of an exported rewrite among ``attr`` (a node's attribute map)."""
+    out: dict[str, Any] = {}
+    for key in ("_lms_role", "_lms_tensor", "_lms_clone_of"):
+        if key in attr:
+            out[key] = attr[key].s.decode("utf-8", "replace")
+    if "_lms_after" in attr:
+        out["_lms_after"] = tuple(x.decode("utf-8", "replace") for x in attr["_lms_after"].list.s)
+    return out
 
 
 def _const_attrs(t: Any) -> dict[str, Any]:
