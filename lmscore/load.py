@@ -253,9 +253,6 @@ def _unlinked_graph(
     sigs = _compiled_signatures()
     one_output = _one_output_signatures()
     pushes = _list_pushes(gd)
-    # a rewrite exported by lmscore marks ops of any type (clones, the pinned order's
-    # edges): looked for in every node only where the file holds such a mark at all
-    rewritten = graphdef is None or b"_lms_" in graphdef
     ops = []
     empty: dict[str, Any] = {}
     consts: dict[bytes, dict[str, Any]] = {}
@@ -335,8 +332,11 @@ def _unlinked_graph(
         set_inputs(op, data_in)
         set_control(op, control_in)
         set_outputs(op, outputs)
+        # an exported rewrite marks ops of any type: the pinned order's edges (on ops with
+        # control inputs) and the clones (named lms/...)
         set_attrs(op, _small_attrs(node, pushes, consts, attr=attr, op_type=op_type)
-                  if op_type in _ATTR_OPS else _lms_attrs(attr) if rewritten else empty)
+                  if op_type in _ATTR_OPS else _lms_attrs(attr)
+                  if control_in or name.startswith("lms/") else empty)
         ops.append(op)
     functions = frozenset(f.signature.name for f in gd.library.function)
     return Graph(tuple(ops), source, functions, graphdef)
