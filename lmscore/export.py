@@ -998,6 +998,8 @@ def _importing_function(
         gd.library.CopyFrom(library)
     mapped = set(arg_names) | {name for name, _ in captures}
     nodes = [n for n in gd.node if n.name not in mapped]
+    for n in nodes:
+        _scope_marks(n, _SCOPE)
     del gd.node[:]
     gd.node.extend(nodes)
 
@@ -1024,6 +1026,22 @@ def _importing_function(
             f"{source}: TensorFlow cannot import the rewritten graph: {_line(e)}"
         ) from None
     return fn
+
+
+def _scope_marks(node: Any, scope: str) -> None:
+    """Prefix the op names a rewrite's marks hold with ``scope``, as the import renames ops.
+
+    Loaded from the SavedModel, the step then tells the pinned order's edges from its own
+    (they named ``x`` where the edge came from ``rewritten/x``: a tuned GPT-like step,
+    saved and loaded, had 262 updates where it has 874, the rest called backward).
+    """
+    if SCHEDULED_AFTER in node.attr:
+        names = [f"{scope}/{x.decode()}".encode() for x in node.attr[SCHEDULED_AFTER].list.s]
+        del node.attr[SCHEDULED_AFTER].list.s[:]
+        node.attr[SCHEDULED_AFTER].list.s.extend(names)
+    for key in ("_lms_clone_of", "_lms_tensor"):
+        if key in node.attr and node.attr[key].s:
+            node.attr[key].s = f"{scope}/{node.attr[key].s.decode()}".encode()
 
 
 def _line(exc: BaseException) -> str:

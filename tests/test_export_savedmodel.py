@@ -254,3 +254,36 @@ def test_zoo_step(tmp_path, name):
     # overflow at the initial scale of 2**15, which halves each time)
     _check_saved_step(tmp_path, built.function, *args,
                       batch_size=built.batch if unknown else None, steps=8)
+
+
+@pytest.mark.tf
+def test_a_saved_tuned_step_loads_with_its_categories_and_peak(tmp_path):
+    """A tuned GPT-like step's rewrite saved as a SavedModel (the import renames its ops
+    ``rewritten/...``) and loaded with ``lmscore.load``: the pinned order's edges are told
+    from the step's own, so its updates stay updates (262 of 874 before), and it
+    simulates to the same peak."""
+    import collections
+
+    zoo = pytest.importorskip("zoo")
+    from lmscore.export import save_rewritten_saved_model
+    from lmscore.measure import measure
+    from lmscore.memory import simulate
+    from lmscore.order import order
+    from lmscore.rewrite import rewrite
+    from lmscore.tune import tune
+
+    built = zoo.build("gpt_decoder")
+    g = lmscore.from_graphdef_bytes(built.graphdef, source="gpt", text=False)
+    base = simulate(g, 4)
+    result = tune(g, 4, int(base.persistent_bytes + base.input_bytes
+                            + 0.6 * base.transient_peak_bytes))
+    assert result.fits and result.plan.swaps
+    rewritten = rewrite(g, result.plan).graph
+    path = tmp_path / "saved"
+    save_rewritten_saved_model(rewritten, path, variables=measure(g.graphdef, 4).variables)
+    loaded = lmscore.load(path)
+    before = collections.Counter(order(g).categories)
+    after = collections.Counter(order(loaded).categories)
+    assert abs(after["update"] - before["update"]) <= 1  # the wrapper's own ops aside
+    assert abs(after["forward"] - before["forward"]) <= 1
+    assert simulate(loaded, 4).peak_bytes == simulate(rewritten, 4).peak_bytes
