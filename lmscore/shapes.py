@@ -929,6 +929,58 @@ def _strided_slice(op: Op, x, begin, end, strides) -> Value | None:
     return ((len(sl),), tuple(sl))
 
 
+def _strided_slice_shape(
+    attrs: dict, src: tuple[int, ...], begin, end, strides,
+) -> tuple[int, ...] | None:
+    """Output shape of a ``StridedSlice`` of a tensor of shape ``src`` (TensorFlow's rule).
+
+    Each entry of ``begin``/``end``/``strides`` takes the next input dimension as Python's
+    slice does (a mask bit leaves that bound open), but a ``shrink_axis_mask`` bit drops it,
+    a ``new_axis_mask`` bit inserts a 1 instead, and the ``ellipsis_mask`` bit stands for
+    the dimensions no other entry takes; dimensions left after the last entry are kept.
+
+    Examples
+    --------
+    >>> _strided_slice_shape({"new_axis_mask": 1, "begin_mask": 2, "end_mask": 2},
+    ...                      (512,), (0, 0), (0, 0), (1, 1))   # s[None, :]
+    (1, 512)
+    >>> _strided_slice_shape({"ellipsis_mask": 1, "shrink_axis_mask": 2},
+    ...                      (4, 5, 6), (0, -1), (0, 0), (1, 1))   # x[..., -1]
+    (4, 5)
+    >>> _strided_slice_shape({}, (10, 3), (2,), (-1,), (3,))   # x[2:-1:3]
+    (3, 3)
+    """
+    k = len(begin)
+    if len(end) != k or len(strides) != k:
+        return None
+    bm, em = attrs.get("begin_mask", 0), attrs.get("end_mask", 0)
+    el, na, sh = (attrs.get(m, 0) for m in ("ellipsis_mask", "new_axis_mask", "shrink_axis_mask"))
+    out: list[int] = []
+    d = 0
+    for i in range(k):
+        if el >> i & 1:
+            taken = sum(1 for j in range(i + 1, k) if not (na >> j & 1 or el >> j & 1))
+            n = len(src) - d - taken
+            if n < 0 or el >> (i + 1):  # (one ellipsis at most)
+                return None
+            out.extend(src[d:d + n])
+            d += n
+            continue
+        if na >> i & 1:
+            out.append(1)
+            continue
+        if d >= len(src) or strides[i] == 0:
+            return None
+        n = src[d]
+        d += 1
+        if sh >> i & 1:
+            continue
+        lo = None if bm >> i & 1 else begin[i]
+        hi = None if em >> i & 1 else end[i]
+        out.append(len(range(*slice(lo, hi, strides[i]).indices(n))))
+    return (*out, *src[d:])
+
+
 def _broadcast_gradient_args(s0, s1) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Reduction indices of each side of a broadcast binary op (TensorFlow's rule)."""
     n = max(len(s0), len(s1))
@@ -993,6 +1045,13 @@ def _shape_from_values(
         return v(1 if t == "BroadcastTo" else 0)
     if t == "Fill" and v(0) is not None:
         return v(0)
+    if (t == "StridedSlice" and _known(in_shape(0))
+            and all(v(k) is not None for k in (1, 2, 3))):
+        # any dimension, where only the first followed the data (s[None, :] of a batch
+        # of scores stayed (1, unknown), and a pairwise difference with it a batch wide)
+        exact = _strided_slice_shape(op.attrs, in_shape(0), v(1), v(2), v(3))
+        if exact is not None:
+            return exact
     if t == "SparseTensorDenseMatMul" and v(2) is not None and _known(in_shape(3)):
         # rows of the sparse operand's dense shape (an input value), columns of the dense
         # operand's; the data flow would carry its rows from the coordinates' count

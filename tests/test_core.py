@@ -278,6 +278,32 @@ def test_a_where_counts_every_element_and_a_sparse_product_its_dense_rows():
     assert s.unknown == ()
 
 
+def test_a_strided_slice_resolves_every_dimension():
+    """``s[:, None] - s[None, :]``: a pairwise difference of a batch of scores is batch x
+    batch. Only the first dimension followed the data, so ``s[None, :]`` stayed (1, -1),
+    the difference was unknown and counted 0 bytes (a ranking loss simulated at 0.049 of
+    measured)."""
+    f = "float"
+
+    def const(name, *value):
+        return Op(name, "Const", outputs=t("int32", len(value)), attrs={"value": value})
+
+    ops = (
+        Op("s", "Placeholder", outputs=t(f, -1)),
+        const("b0", 0, 0), const("e0", 0, 0), const("one", 1, 1),
+        Op("col", "StridedSlice", inputs=("s:0", "b0:0", "e0:0", "one:0"),
+           outputs=t(f, -1, 1), attrs={"begin_mask": 1, "end_mask": 1, "new_axis_mask": 2}),
+        Op("row", "StridedSlice", inputs=("s:0", "b0:0", "e0:0", "one:0"),
+           outputs=t(f, 1, -1), attrs={"begin_mask": 2, "end_mask": 2, "new_axis_mask": 1}),
+        Op("d", "Sub", inputs=("col:0", "row:0"), outputs=t(f, -1, -1)),
+    )
+    g = Graph(ops)
+    s = resolve(g, 6)
+    assert s.shapes[g.index["row"]] == ((1, 6),)
+    assert s.shapes[g.index["d"]] == ((6, 6),)
+    assert s.unknown == ()
+
+
 @pytest.mark.parametrize("op_type", ["GatherV2", "Gather", "GatherNd", "Pack", "MatrixDiag",
                                      "MatrixDiagV3", "UnsortedSegmentSum", "Transpose",
                                      "Slice"])
