@@ -536,6 +536,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         # (where the replay is off too, the order is not what the ratio is about)
         print("  TensorFlow's executor ran independent ops in another order than the "
               "simulator's; that order is drawn anew in each session")
+    if result.unknown_size_tensors:
+        n = len(result.unknown_size_tensors)
+        print(f"  {n} tensor(s) of unknown size counted as 0 bytes "
+              f"({', '.join(result.unknown_size_tensors[:3])}): the simulation leaves them out")
     if result.xla_functions:
         print(f"  XLA compiles {len(result.xla_functions)} function(s) of the step "
               f"({', '.join(result.xla_functions[:3])}): on the CPU their buffers are not in "

@@ -66,6 +66,9 @@ class Validation:
     divergence : str
         Empty when the losses behave; otherwise why they do not (:func:`divergence`): the
         synthetic data make training blow up, which the peaks do not show.
+    unknown_size_tensors : tuple of str
+        Tensors whose size the simulation could not tell (counted as 0 bytes): where there
+        are any, the simulated peak may fall short for want of them.
     xla_functions : tuple of str
         Functions of the step that XLA compiles (``jit_compile=True``; Keras 3 compiles a
         grouped convolution so). On the CPU their buffers are not in TensorFlow's
@@ -91,6 +94,7 @@ class Validation:
     replayed_ratio: float = math.nan
     divergence: str = ""
     xla_functions: tuple[str, ...] = ()
+    unknown_size_tensors: tuple[str, ...] = ()
 
     @property
     def diverged(self) -> bool:
@@ -103,6 +107,7 @@ class Validation:
         d["losses"] = list(self.losses)
         d["diverged"] = self.diverged
         d["xla_functions"] = list(self.xla_functions)
+        d["unknown_size_tensors"] = list(self.unknown_size_tensors)
         return d
 
 
@@ -189,6 +194,7 @@ def validate(graph: Graph, batch_size: int, *, steps: int = 2, seed: int = 0,
         replayed_ratio=replay.peak_bytes / measured_total if measured_total else float("inf"),
         divergence=divergence(m.losses, m.finite),
         xla_functions=xla_functions(graph.graphdef),
+        unknown_size_tensors=tuple(sizes.unknown),
     )
 
 

@@ -55,6 +55,7 @@ def test_validate_cli_json_contract():
     assert report["measured_peak_bytes"] > 0
     assert report["batch_size"] == 32
     assert report["diverged"] is False and report["divergence"] == ""
+    assert report["unknown_size_tensors"] == [] and report["xla_functions"] == []
 
 
 def test_a_step_that_blows_up_on_the_synthetic_data_is_reported(tmp_path, capsys):
@@ -118,3 +119,25 @@ def test_a_step_with_an_xla_compiled_function_says_the_ratio_is_no_check_of_it(
         tf.function(lambda x: tf.reduce_mean(x @ w)).get_concrete_function(
             tf.TensorSpec((None, 8)))))
     assert validate(lmscore.load(plain), 4).xla_functions == ()
+
+
+
+def test_validate_names_what_the_ratio_does_not_check(monkeypatch, capsys):
+    """Tensors of unknown size (counted as 0 bytes) and XLA-compiled functions each get a
+    line under the ratios: the ratio alone would look like a check of them."""
+    import lmscore.validate as v
+    from lmscore import cli
+
+    result = v.Validation(
+        batch_size=4, simulated_peak_bytes=100, measured_peak_bytes=200, ratio=0.5,
+        simulated_transient_peak_bytes=90, measured_transient_peak_bytes=190,
+        transient_ratio=90 / 190, simulated_persistent_bytes=10,
+        measured_persistent_bytes=10, simulated_peak_level=3, losses=(1.0, 0.9),
+        finite=True, kernel_library="eigen", replayed_peak_bytes=100, replayed_ratio=0.5,
+        unknown_size_tensors=("where:0", "gather:0"), xla_functions=("block",))
+    monkeypatch.setattr(v, "validate", lambda *a, **k: result)
+    assert cli.main(["validate", "mlp", "--batch-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "2 tensor(s) of unknown size counted as 0 bytes (where:0, gather:0)" in out
+    assert "XLA compiles 1 function(s) of the step (block)" in out
+    assert "another order" not in out  # the replay is as far off: not the order
