@@ -1045,6 +1045,12 @@ def _shape_from_values(
         return v(1 if t == "BroadcastTo" else 0)
     if t == "Fill" and v(0) is not None:
         return v(0)
+    if t == "Range" and all(v(k) is not None and len(v(k)) == 1 for k in range(3)):
+        # its length, where its values are too many to keep (the first, a batch, was taken
+        # for it: the token indices of a mixture of experts counted 16 rows for 1,024)
+        start, limit, delta = v(0)[0], v(1)[0], v(2)[0]
+        if delta:
+            return (max(0, -(-(limit - start) // delta)),)
     if (t == "StridedSlice" and _known(in_shape(0))
             and all(v(k) is not None for k in (1, 2, 3))):
         # any dimension, where only the first followed the data (s[None, :] of a batch

@@ -304,6 +304,34 @@ def test_a_strided_slice_resolves_every_dimension():
     assert s.unknown == ()
 
 
+def test_a_range_takes_its_length_from_its_bounds():
+    """``tf.range(n)`` with ``n`` the rows of ``reshape(x, [-1, d])`` (batch x tokens): too
+    long for its values to be kept, its length was the batch's (a mixture of experts'
+    token indices counted 16 rows for 1,024, and its per-token weights with them)."""
+    f = "float"
+
+    def const(name, *value):
+        return Op(name, "Const", outputs=t("int32", len(value)), attrs={"value": value})
+
+    ops = (
+        Op("x", "Placeholder", outputs=t(f, -1, 64, 8)),
+        const("flat", -1, 8),
+        Op("tok", "Reshape", inputs=("x:0", "flat:0"), outputs=t(f, -1, 8)),
+        Op("shape", "Shape", inputs=("tok:0",), outputs=t("int32", 2)),
+        const("b", 0), const("e", 1), const("s", 1),
+        Op("n", "StridedSlice", inputs=("shape:0", "b:0", "e:0", "s:0"), outputs=t("int32"),
+           attrs={"shrink_axis_mask": 1}),
+        Op("zero", "Const", outputs=t("int32"), attrs={"value": (0,)}),
+        Op("one", "Const", outputs=t("int32"), attrs={"value": (1,)}),
+        Op("idx", "Range", inputs=("zero:0", "n:0", "one:0"), outputs=t("int32", -1)),
+        Op("rows", "GatherV2", inputs=("tok:0", "idx:0", "zero:0"), outputs=t(f, -1, 8)),
+    )
+    g = Graph(ops)
+    s = resolve(g, 16)
+    assert s.shapes[g.index["idx"]] == ((1024,),)
+    assert s.shapes[g.index["rows"]] == ((1024, 8),)
+
+
 @pytest.mark.parametrize("op_type", ["GatherV2", "Gather", "GatherNd", "Pack", "MatrixDiag",
                                      "MatrixDiagV3", "UnsortedSegmentSum", "Transpose",
                                      "Slice"])
