@@ -432,7 +432,7 @@ _ATTR_OPS = frozenset({
     "EmptyTensorList", "TensorListReserve", "MatMul", "BatchMatMul", "BatchMatMulV2",
     "BatchMatMulV3", "StridedSlice", "Sum", "Mean", "Max", "Min", "Prod", "All", "Any",
     "Pack", "Unpack", "ConcatV2", "GatherV2", "AddN", "Split", "SplitV", "Identity",
-    "DeepCopy",
+    "DeepCopy", "Einsum",
 })
 
 
@@ -468,6 +468,10 @@ def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None,
     if not present.isdisjoint(_LMS_KEYS):
         out.update(_lms_attrs(attr))
     if op_type in ("Identity", "DeepCopy"):
+        return out
+    if op_type == "Einsum":
+        if "equation" in present:
+            out["equation"] = attr["equation"].s.decode("utf-8", "replace")
         return out
     if op_type in ("While", "StatelessWhile") and pushes:
         out["list_aliases"] = pushes.get(attr["body"].func.name, ())

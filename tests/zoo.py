@@ -958,6 +958,57 @@ def hand_loop_rnn(batch=None):
 
 
 
+def moe_topk(batch=None):
+    """A mixture-of-experts layer with top-2 routing, written with tf ops (Adam).
+
+    Each token's two experts' weights are gathered per token and applied with ``einsum``
+    (``nd,ndf->nf``, ``nf,nfd->nd``); the outputs are summed back per token with
+    ``unsorted_segment_sum``, plus a load-balancing loss. The token indices come from
+    ``tf.range`` of a count computed from the shape (more than the batch), and the expert
+    weights' gradient einsum (``nd,nf->nfd``) transposes its result.
+    """
+    import tensorflow as tf
+
+    k = _keras()
+    k.utils.set_random_seed(801)
+    t, d, e, f, top = 16, 32, 4, 64, 2
+    shapes = {"emb": (500, d), "gate": (d, e), "w1": (e, d, f), "w2": (e, f, d),
+              "out": (d, 500)}
+    w = {n: tf.Variable(tf.random.normal(s, seed=k0) * 0.05, name=n)
+         for k0, (n, s) in enumerate(shapes.items())}
+    variables = list(w.values())
+    opt = k.optimizers.Adam(1e-3)
+    opt.build(variables)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            with tf.name_scope("fwd"):
+                tok = tf.reshape(tf.gather(w["emb"], x), [-1, d])
+                n = tf.shape(tok)[0]
+                probs = tf.nn.softmax(tok @ w["gate"])
+                topv, topi = tf.math.top_k(probs, top)
+                topv = topv / tf.reduce_sum(topv, -1, keepdims=True)
+                experts = tf.reshape(topi, [-1])
+                tokens = tf.reshape(tf.tile(tf.range(n)[:, None], [1, top]), [-1])
+                hid = tf.nn.gelu(tf.einsum("nd,ndf->nf", tf.gather(tok, tokens),
+                                           tf.gather(w["w1"], experts)))
+                out = tf.einsum("nf,nfd->nd", hid, tf.gather(w["w2"], experts))
+                out = out * tf.reshape(topv, [-1])[:, None]
+                h = tok + tf.math.unsorted_segment_sum(out, tokens, n)
+                ce = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    tf.reshape(y, [-1]), h @ w["out"]))
+                share = tf.reduce_mean(tf.one_hot(topi[:, 0], e), 0)
+                value = tf.identity(ce + 0.01 * e * tf.reduce_sum(
+                    share * tf.reduce_mean(probs, 0)), name="zoo_loss")
+        opt.apply_gradients(zip(tape.gradient(value, variables), variables, strict=True))
+        return value
+
+    cf = tf.function(step).get_concrete_function(
+        *_specs(batch, (t,), (t,), x_dtype="int32"))
+    cf.zoo_objects = (variables, opt)  # the function holds its variables weakly
+    return cf, ("fwd/",)
+
+
 def two_gradient_calls(batch=None):
     """One persistent tape, two ``tape.gradient`` calls on one loss, two optimizers.
 
@@ -1038,6 +1089,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("attention_unet", attention_unet, 8, True),
     Entry("fit_two_heads", fit_two_heads, 8, False),
     Entry("fit_multi_io", fit_multi_io, 16, False),
+    Entry("moe_topk", moe_topk, 8, False),
     Entry("huber_regression", huber_regression, 8, False),
     Entry("mixed_precision_cnn", mixed_precision_cnn, 4, False),
     Entry("mixed_precision_mlp", mixed_precision_mlp, 8, False),
