@@ -1694,7 +1694,7 @@ def einsum_scratch_bytes(equation: str, shapes: Sequence[tuple[int, ...] | None]
     drops is reduced into one. The product's result is ``[batch, free of the first, free
     of the second]``; where the output orders its labels otherwise, it is transposed into
     the output, and both are held. Labels of a kind are ordered as they first appear.
-    Exact on the allocation records of twelve equations (the forward and gradient
+    Exact on the allocation records of eight equations (the forward and gradient
     einsums of projections, attention heads, attention scores and a mixture of experts'
     per-token weights) under Eigen. oneDNN's kernel also takes a scratch buffer of its
     own, not modelled (1.4 KB to the size of a transposed operand). Ellipses, repeated
