@@ -1002,12 +1002,18 @@ def _importing_function(
         _scope_marks(n, _SCOPE)
     del gd.node[:]
     gd.node.extend(nodes)
+    # an argument no op reads (a step that ignores its labels) is mapped to nothing: the
+    # import refuses a map entry for a tensor that is not in the graph
+    read = {t if ":" in t else f"{t}:0" for n in nodes for t in n.input if not t.startswith("^")}
 
     def run(*args: Any) -> Any:
         graph = tf.compat.v1.get_default_graph()
         flat = tf.nest.flatten(args, expand_composites=True)
-        input_map = {f"{n}:0": a for n, a in zip(arg_names, flat, strict=True)}
+        input_map = {f"{n}:0": a for n, a in zip(arg_names, flat, strict=True)
+                     if f"{n}:0" in read}
         for name, value in captures:
+            if f"{name}:0" not in read:
+                continue
             if isinstance(value, _CallTime):
                 input_map[f"{name}:0"] = graph.capture_call_time_value(value.value, value.spec)
                 continue

@@ -287,3 +287,32 @@ def test_a_saved_tuned_step_loads_with_its_categories_and_peak(tmp_path):
     assert abs(after["update"] - before["update"]) <= 1  # the wrapper's own ops aside
     assert abs(after["forward"] - before["forward"]) <= 1
     assert simulate(loaded, 4).peak_bytes == simulate(rewritten, 4).peak_bytes
+
+
+@pytest.mark.tf
+def test_a_step_that_ignores_an_argument_saves(tmp_path):
+    """A step that never reads one of its arguments (an unsupervised loss given the
+    dataset's labels): the import was handed a map entry for the unread placeholder and
+    refused it ("not found in graph_def"), plan or no plan."""
+    tf = pytest.importorskip("tensorflow")
+    from lmscore.export import save_rewritten_saved_model
+    from lmscore.measure import measure
+    from lmscore.tfgraph import graphdef_from_concrete_function
+
+    w = tf.Variable(tf.ones((8, 8)) * 0.1)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            value = tf.reduce_mean(tf.square(x @ w))
+        w.assign_sub(0.01 * tape.gradient(value, w))
+        return value
+
+    cf = tf.function(step).get_concrete_function(
+        tf.TensorSpec((None, 8), name="x"), tf.TensorSpec((None,), tf.int32, name="y"))
+    data = graphdef_from_concrete_function(cf)
+    g = lmscore.from_graphdef_bytes(data, source="unread", text=False)
+    path = tmp_path / "saved"
+    save_rewritten_saved_model(g, path, variables=measure(data, 4).variables)
+    loaded = tf.saved_model.load(str(path))
+    x = np.ones((4, 8), np.float32)
+    assert np.isfinite(float(loaded.train_step(x, np.zeros(4, np.int32))))
