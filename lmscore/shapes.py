@@ -862,11 +862,30 @@ def _int_values(
         if all(len(s) == 1 for s, _ in parts):
             flat = tuple(x for _, xs in parts for x in xs)
             out = ((len(flat),), flat)
+        elif len(v(len(ins) - 1)[1]) == 1 and len({len(s) for s, _ in parts}) == 1:
+            # an axis of N-D values (a padding's [[before, after], ...] built column by
+            # column: flattened, its values came out in the wrong places)
+            import numpy as np
+
+            axis = v(len(ins) - 1)[1][0]
+            try:
+                joined = np.concatenate([np.asarray(xs).reshape(s) for s, xs in parts], axis)
+            except (ValueError, np.exceptions.AxisError):
+                joined = None
+            if joined is not None:
+                out = (tuple(joined.shape), tuple(int(x) for x in joined.ravel()))
     elif t in ("Reshape", "ExpandDims", "Squeeze") and v(0) is not None:
         n = len(v(0)[1])
         out = ((n,), v(0)[1]) if t != "Squeeze" or n == 1 else None
         if t == "Squeeze" and n == 1:
             out = ((), v(0)[1])
+        elif t == "Reshape" and len(ins) > 1 and v(1) is not None:
+            # the shape it is given, which a later concatenation along an axis needs
+            dims = list(v(1)[1])
+            if dims.count(-1) == 1 and math.prod(d for d in dims if d != -1):
+                dims[dims.index(-1)] = n // math.prod(d for d in dims if d != -1)
+            if -1 not in dims and math.prod(dims) == n:
+                out = (tuple(dims), v(0)[1])
     elif t == "GatherV2" and v(0) is not None and v(1) is not None and len(v(0)[0]) == 1:
         params, idx = v(0)[1], v(1)[1]
         if all(-len(params) <= k < len(params) for k in idx):
@@ -1045,6 +1064,21 @@ def _shape_from_values(
         return v(1 if t == "BroadcastTo" else 0)
     if t == "Fill" and v(0) is not None:
         return v(0)
+    if t in ("ScatterNd", "CropAndResizeGradImage") and v(2 if t == "ScatterNd" else 3):
+        # the shape given as an input value (a max-unpooling's output from tf.size, a crop
+        # gradient's from the images' shape); the data flow gave the updates' rows, or
+        # the boxes' for the images
+        return v(2 if t == "ScatterNd" else 3)
+    if t == "CropAndResize" and v(3) is not None and len(v(3)) == 2:
+        boxes, images = in_shape(1), in_shape(0)
+        if boxes and images and len(images) == 4 and boxes[0] >= 0 and images[3] >= 0:
+            # one crop per box, not per image (eight boxes an image measured 8x the
+            # simulated crops, and their gradients' images 8x over)
+            return (boxes[0], *v(3), images[3])
+    if t in ("Pad", "PadV2", "MirrorPad") and v(1) is not None and _known(in_shape(0)):
+        src, pads = in_shape(0), v(1)
+        if len(pads) == 2 * len(src):
+            return tuple(d + pads[2 * k] + pads[2 * k + 1] for k, d in enumerate(src))
     if t == "Range" and all(v(k) is not None and len(v(k)) == 1 for k in range(3)):
         # its length, where its values are too many to keep (the first, a batch, was taken
         # for it: the token indices of a mixture of experts counted 16 rows for 1,024)

@@ -332,6 +332,50 @@ def test_a_range_takes_its_length_from_its_bounds():
     assert s.shapes[g.index["rows"]] == ((1024, 8),)
 
 
+def test_shapes_given_as_values_crops_scatters_and_paddings():
+    """Ops whose output shape is an input's value, where the data flow gave another:
+    ``CropAndResize`` has a row per box (8 boxes an image: the crops counted 1/8 and
+    their image gradients 8x), ``CropAndResizeGradImage`` the images' shape, ``ScatterNd``
+    its ``shape`` input (a max-unpooling: 0.797 of measured), and a ``Pad`` whose paddings
+    are two columns concatenated along axis 1 (a slice's gradient: 0.811)."""
+    f = "float"
+
+    def const(name, *value, shape=None):
+        return Op(name, "Const", outputs=t("int32", *(shape or (len(value),))),
+                  attrs={"value": value})
+
+    ops = (
+        Op("img", "Placeholder", outputs=t(f, -1, 32, 32, 8)),
+        Op("boxes", "Const", outputs=t(f, 16, 4)),
+        Op("box_ind", "Const", outputs=t("int32", 16)),
+        const("crop", 7, 7),
+        Op("crops", "CropAndResize", inputs=("img:0", "boxes:0", "box_ind:0", "crop:0"),
+           outputs=t(f, -1, 7, 7, 8)),
+        Op("img_shape", "Shape", inputs=("img:0",), outputs=t("int32", 4)),
+        Op("grad_img", "CropAndResizeGradImage",
+           inputs=("crops:0", "boxes:0", "box_ind:0", "img_shape:0"), outputs=t(f, -1, 32, 32, 8)),
+        Op("size", "Size", inputs=("img:0",), outputs=t("int32")),
+        const("one", 1), const("flat_shape", -1, 1, shape=(2,)),
+        Op("n", "Reshape", inputs=("size:0", "one:0"), outputs=t("int32", 1)),
+        Op("idx", "Placeholder", outputs=t("int32", -1, 1)),
+        Op("upd", "Placeholder", outputs=t(f, -1)),
+        Op("unpooled", "ScatterNd", inputs=("idx:0", "upd:0", "n:0"), outputs=t(f, -1)),
+        const("before", 0, 0, 0), const("after", 0, 5, 0), const("col", 3, 1, shape=(2,)),
+        Op("b2", "Reshape", inputs=("before:0", "col:0"), outputs=t("int32", 3, 1)),
+        Op("a2", "Reshape", inputs=("after:0", "col:0"), outputs=t("int32", 3, 1)),
+        Op("ax", "Const", outputs=t("int32"), attrs={"value": (1,)}),
+        Op("pads", "ConcatV2", inputs=("b2:0", "a2:0", "ax:0"), outputs=t("int32", 3, 2)),
+        Op("x", "Placeholder", outputs=t(f, -1, 4, 16)),
+        Op("padded", "Pad", inputs=("x:0", "pads:0"), outputs=t(f, -1, -1, -1)),
+    )
+    g = Graph(ops)
+    s = resolve(g, 2)
+    assert s.shapes[g.index["crops"]] == ((16, 7, 7, 8),)
+    assert s.shapes[g.index["grad_img"]] == ((2, 32, 32, 8),)
+    assert s.shapes[g.index["unpooled"]] == ((2 * 32 * 32 * 8,),)
+    assert s.shapes[g.index["padded"]] == ((2, 9, 16),)
+
+
 @pytest.mark.parametrize("op_type", ["GatherV2", "Gather", "GatherNd", "Pack", "MatrixDiag",
                                      "MatrixDiagV3", "UnsortedSegmentSum", "Transpose",
                                      "Slice"])
