@@ -1051,7 +1051,7 @@ def _lower_bound(graph: Graph, base: Simulation) -> tuple[int, str]:
 
 #: Why no plan was made, by the search that found none.
 _NO_PLAN = {
-    "milp": ("does not fit: even every swap and recomputation considered at once leaves some "
+    "milp": ("does not fit: even every {options} considered at once leaves some "
              "op over the budget ({budget} + {persistent} persistent), in the executor's "
              "order and in a memory-aware one"),
     "search": ("does not fit: no threshold of the TFLMS search, in any sync mode, fits the "
@@ -1105,9 +1105,16 @@ def _result(graph, batch, plan, fitted, budget, memory, base, sim, base_seconds,
                    f"limit of {format_bytes(host)}")
     elif reason in _NO_PLAN:
         # no plan was made: the unplanned step's peak is no "smallest peak found"
+        # the options of this strategy only: with recomputations alone, the bound of one
+        # op (which any plan of any strategy meets) can lie well under the budget
+        options = {"swap": "swap", "recompute": "recomputation"}.get(
+            strategy, "swap and recomputation")
         message = _NO_PLAN[reason].format(
-            budget=format_bytes(budget), persistent=format_bytes(base.persistent_bytes)
+            options=options, budget=format_bytes(budget),
+            persistent=format_bytes(base.persistent_bytes),
         ) + f"; no plan gets below {format_bytes(min_peak)} (op {bound!r})"
+        if strategy in ("swap", "recompute"):
+            message += "; the hybrid strategy (the default) takes both kinds of option"
     else:
         message = (f"does not fit: the smallest peak found is {format_bytes(sim.peak_bytes)}"
                    f" (budget {format_bytes(budget)} + {format_bytes(base.persistent_bytes)} "
