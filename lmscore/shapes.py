@@ -1083,8 +1083,9 @@ def _shape_from_values(
         # its length, where its values are too many to keep (the first, a batch, was taken
         # for it: the token indices of a mixture of experts counted 16 rows for 1,024)
         start, limit, delta = v(0)[0], v(1)[0], v(2)[0]
-        if delta:
-            return (max(0, -(-(limit - start) // delta)),)
+        n = max(0, -(-(limit - start) // delta)) if delta else -1
+        if 0 <= n <= _MAX_BYTES // 8:  # (a length no tensor can have leaves it unknown)
+            return (n,)
     if (t == "StridedSlice" and _known(in_shape(0))
             and all(v(k) is not None for k in (1, 2, 3))):
         # any dimension, where only the first followed the data (s[None, :] of a batch
