@@ -1655,6 +1655,13 @@ def _running(body: LoopBody) -> LoopBody:
 _XENT_OPS = frozenset({"SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits"})
 
 
+def _scratch(name: str, nbytes: int, i: int, ordering: Ordering) -> Buffer:
+    """A kernel's temporary: ``nbytes`` held by op ``i`` while it runs, and only then."""
+    lvl = ordering.levels[i]
+    at = ordering.position[i]
+    return Buffer(f"{name}/scratch", nbytes, lvl, lvl, i, (), scratch=True, first=at, last=at)
+
+
 def _xent_scratch(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffer]:
     """The cross-entropy kernels' row temporary, alive during their op.
 
@@ -1664,7 +1671,6 @@ def _xent_scratch(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffer
     measured peak, short by exactly that temporary at the loss.
     """
     out = []
-    pos = ordering.position
     needed = ordering.needed
     for i in graph.of_types(_XENT_OPS):
         op = graph.ops[i]
@@ -1677,9 +1683,7 @@ def _xent_scratch(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffer
             continue
         b = math.prod(logits[:-1]) * width
         if b:
-            lvl = ordering.levels[i]
-            out.append(Buffer(f"{op.name}/scratch", b, lvl, lvl, i, (), scratch=True,
-                              first=pos[i], last=pos[i]))
+            out.append(_scratch(op.name, b, i, ordering))
     return out
 
 
@@ -1755,7 +1759,6 @@ def _einsum_scratch(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buff
     counted (0.686 of measured).
     """
     out = []
-    pos = ordering.position
     needed = ordering.needed
     adj = graph.adjacency
     for i in graph.of_types(("Einsum",)):
@@ -1766,9 +1769,7 @@ def _einsum_scratch(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buff
         shapes = [sizes.shapes[p][port] for p, port in adj.data_in[i]]
         b = einsum_scratch_bytes(equation, shapes, dtype_bytes(op.outputs[0].dtype) or 4)
         if b:
-            lvl = ordering.levels[i]
-            out.append(Buffer(f"{op.name}/scratch", b, lvl, lvl, i, (), scratch=True,
-                              first=pos[i], last=pos[i]))
+            out.append(_scratch(op.name, b, i, ordering))
     return out
 
 
@@ -1820,10 +1821,7 @@ def _cpu_scratch(graph: Graph, ordering: Ordering, sizes: Sizes, library: str) -
             if pooled is not None and -1 not in pooled:
                 b = math.prod(pooled) * 8
         if b:
-            lvl = ordering.levels[i]
-            out.append(Buffer(
-                f"{op.name}/scratch", b, lvl, lvl, i, (), scratch=True, first=pos[i], last=pos[i]
-            ))
+            out.append(_scratch(op.name, b, i, ordering))
     return out
 
 
