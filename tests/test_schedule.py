@@ -212,7 +212,39 @@ def test_shape_arithmetic_stays_out_of_the_chain():
         "shape", "one", "batch", "dims"]
     step = scheduled(g, ["relu", "shape", "batch", "dims", "argmax", "ok", "out"])
     waits = {op.name: op.control_inputs for op in step.ops if op.control_inputs}
-    assert waits == {"argmax": ("relu",), "ok": ("argmax",), "out": ("ok",)}
+    # the Shape holds relu's buffer until it runs: the chain waits for it (one way)
+    assert waits == {"argmax": ("relu", "shape"), "ok": ("argmax",), "out": ("ok",)}
+
+
+def test_the_chain_waits_for_a_shape_read_once_its_inputs_are_there():
+    """A ``ShapeN`` of two computed tensors holds both until it runs: the chain unit after
+    the later one waits for it (and nothing of the chain before), so it runs where the
+    simulation puts it. A shape read the step prunes gets no edge, which would make it run."""
+    f = t("float", 4, 8)
+    i2 = t("int32", 2)
+    g = Graph((
+        Op("x", "Placeholder", outputs=f),
+        Op("a", "Relu", inputs=("x:0",), outputs=f),
+        Op("b", "Tanh", inputs=("a:0",), outputs=f),
+        Op("c", "Sigmoid", inputs=("b:0",), outputs=f),
+        Op("d", "Exp", inputs=("c:0",), outputs=f),
+        Op("shapes", "ShapeN", inputs=("a:0", "c:0"), outputs=i2 + i2),
+        Op("out", "Reshape", inputs=("d:0", "shapes:1"), outputs=f),
+    ))
+    step = scheduled(g, ["a", "b", "c", "d", "out"])
+    waits = {op.name: op.control_inputs for op in step.ops if op.control_inputs}
+    assert waits == {"b": ("a",), "c": ("b",), "d": ("c", "shapes"), "out": ("d",)}
+    assert [step.ops[i].name for i in order(step).schedule] == [
+        "x", "a", "b", "c", "shapes", "d", "out"]
+
+    pruned = tiny_step()
+    pruned = Graph((*pruned.ops, Op("unused", "Shape", inputs=("mm:0",), outputs=i2)))
+    assert not order(pruned).needed[pruned.index["unused"]]
+    step = scheduled(pruned, ["mm", "act", "loss", "g_tile", "g_relu", "g_w", "upd",
+                              "apply", "out"])
+    waits = {op.name: op.control_inputs for op in step.ops if op.control_inputs}
+    assert waits["loss"] == ("act", "shape_act")
+    assert not any("unused" in w for w in waits.values())
 
 
 @pytest.mark.tf
