@@ -718,8 +718,10 @@ def shape_arithmetic(graph: Graph, i: int) -> bool:
     chain through them, could wait for itself: a transposed 1-D convolution's output
     shape (``Pack`` of a batch read by ``Shape``, ``ConcatV2``) chained after a gradient's
     ``Shape`` failed to run under default Grappler ("Incomplete graph, missing 1 inputs"),
-    where it ran with Grappler off. They allocate a few bytes each, so where they run
-    changes no peak. For the same reasons no swap's control edge starts or ends at one
+    where it ran with Grappler off. They allocate a few bytes each; what they read is
+    another matter, since a tensor stays alive until its last reader ran, so the chain
+    waits for a shape read of a computed tensor once its inputs are there (a one-way edge,
+    :func:`lmscore.schedule.scheduled`). For the same reasons no swap's control edge starts or ends at one
     (:func:`lmscore.plan.find_trigger`, :func:`lmscore.rewrite.rewrite`): out of the chain
     it runs whenever its inputs are there, and Grappler may fold it away.
     """
