@@ -721,9 +721,10 @@ def shape_arithmetic(graph: Graph, i: int) -> bool:
     where it ran with Grappler off. They allocate a few bytes each; what they read is
     another matter, since a tensor stays alive until its last reader ran, so the chain
     waits for a shape read of a computed tensor once its inputs are there (a one-way edge,
-    :func:`lmscore.schedule.scheduled`). For the same reasons no swap's control edge starts or ends at one
-    (:func:`lmscore.plan.find_trigger`, :func:`lmscore.rewrite.rewrite`): out of the chain
-    it runs whenever its inputs are there, and Grappler may fold it away.
+    :func:`lmscore.schedule.scheduled`). For the same reasons no swap's control edge
+    starts or ends at one (:func:`lmscore.plan.find_trigger`,
+    :func:`lmscore.rewrite.rewrite`): out of the chain it runs whenever its inputs are
+    there, and Grappler may fold it away.
     """
     op = graph.ops[i]
     if not op.outputs or any(o.dtype not in _INTEGERS for o in op.outputs):

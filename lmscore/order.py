@@ -724,7 +724,7 @@ def _gradient_structure(
     # the step returns and the gradients too, as the gradient reads what it computed.
     # (its floating-point scalars: what else it returns, a gradient an optimizer passes
     # through tf.identity, each seed reaches of its own)
-    results = [r for r in step_results(graph) if _float_scalar(ops[r])]
+    results = _loss_like_results(graph)
     reached = {s: frozenset(r for r in results if below_of[s][r]) for s in seeds}
     in_loss = {t for t in seeds if any(reached[u] < reached[t] for u in seeds)}
     # Every gradient depends on the seed: a constant 1 in the loss (a loss weight of one
@@ -904,10 +904,29 @@ def _one_constants(
             out.append(i)
     return out
 
+def _loss_like_results(graph: Graph) -> list[int]:
+    """The step's results that may be its loss: floating-point values of rank 0.
+
+    A gradient the optimizer passes through ``tf.identity`` is a result too, and the
+    gradient of a one-element bias (``Dense(1)``, a one-channel output convolution) has
+    every dimension 1: taken for a scalar, the seed was found to reach a returned value,
+    and a constant 1 of the backward pass (the ``2 - 1`` of a square's gradient) won
+    over it (a VAE's loss became its bias gradient). A loss is reduced to rank 0.
+    """
+    ops = graph.ops
+    return [r for r in step_results(graph)
+            if _float_scalar(ops[r]) and ops[r].outputs[0].shape == ()]
+
+
 def _find_seed(graph: Graph, topo: tuple[int, ...], cat: list[str | None]) -> int | None:
     """The gradient seed: the constant 1 (or ``OnesLike``) that reaches the most gradient ops.
 
     Every gradient depends on the seed; other constants equal to 1 feed a few ops each.
+    The loss is computed before its gradient, so a constant 1 of the loss (the ``1 +`` of
+    a VAE's KL term) reaches the loss the step returns and the gradients, the seed only
+    the gradients: candidates that reach returned loss-like values another one does not
+    are dropped first (without any gradient kernel, the KL term's ``1`` reached more ops
+    than the seed and was taken for it, and the loss for a gradient).
     """
     ops = graph.ops
     adj = graph.adjacency
@@ -916,6 +935,14 @@ def _find_seed(graph: Graph, topo: tuple[int, ...], cat: list[str | None]) -> in
     if len(likes) == 1:
         return likes[0]
     seeds = _one_constants(graph, topo, cat)[:64]
+    results = _loss_like_results(graph)
+    if len(seeds) > 1 and results:
+        reached = {}
+        for s in seeds:
+            below = _closure(graph, list(succs_of.get((s, 0), ())), cat, down=True,
+                             values=True)
+            reached[s] = frozenset(r for r in results if below[r])
+        seeds = [s for s in seeds if not any(reached[t] < reached[s] for t in seeds)]
 
     def reach(s: int) -> int:
         seen = {s}

@@ -60,9 +60,12 @@ def _ancestors(g: Graph, i: int) -> set[int]:
 
 @pytest.mark.parametrize("name", zoo.SMALL)
 def test_categories_and_loss_as_built(name: str) -> None:
-    g = zoo.graph(name)
     built = zoo.build_info(name)
-    loss_name = next(op.name for op in g.ops if op.name.rpartition("/")[2] == built["loss"])
+    _check(name, zoo.graph(name), built["loss"], built["forward_prefixes"])
+
+
+def _check(name: str, g: Graph, loss: str, forward_prefixes: tuple[str, ...]) -> None:
+    loss_name = next(op.name for op in g.ops if op.name.rpartition("/")[2] == loss)
     r, new = renamed(g)
     o = order(r)
     back = {v: k for k, v in new.items()}
@@ -77,7 +80,37 @@ def test_categories_and_loss_as_built(name: str) -> None:
         cat = o.categories[i]
         if op.name.startswith("gradient_tape/") and cat != BACKWARD:
             wrong.append((op.name, op.type, cat))
-        elif (i in on_path and op.name.startswith(built["forward_prefixes"])
+        elif (i in on_path and op.name.startswith(forward_prefixes)
               and cat != FORWARD and op.type not in ("ReadVariableOp", "Const")):
             wrong.append((op.name, op.type, cat))
     assert not wrong, f"{name}: {len(wrong)} ops: {wrong[:5]}"
+
+
+def test_a_constant_one_of_the_loss_is_not_the_seed_without_gradient_kernels() -> None:
+    """``mean((x @ w)**2) + mean(1 + x @ v)``: matrix products only, no gradient kernel to
+    tell the seed by. The ``1`` of the second term reaches more ops than the seed (the
+    loss, and its gradient through the mean's shape) and was taken for it: the loss
+    became a gradient's ``tf.identity``, the forward pass backward."""
+    import tensorflow as tf
+
+    from lmscore.load import from_graphdef_bytes
+    from lmscore.tfgraph import graphdef_from_concrete_function
+
+    k = zoo._keras()
+    w = tf.Variable(tf.random.normal((64, 32), seed=1) * 0.1, name="w")
+    v = tf.Variable(tf.random.normal((64, 8), seed=2) * 0.1, name="v")
+    opt = k.optimizers.SGD(0.01)
+    opt.build([w, v])
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            with tf.name_scope("fwd"):
+                value = tf.identity(tf.reduce_mean((x @ w) ** 2)
+                                    + tf.reduce_mean(1.0 + x @ v), name="zoo_loss")
+        opt.apply_gradients(zip(tape.gradient(value, [w, v]), [w, v], strict=True))
+        return value
+
+    cf = tf.function(step).get_concrete_function(*zoo._specs(None, (64,), ()))
+    g = from_graphdef_bytes(graphdef_from_concrete_function(cf), source="one_plus",
+                            text=False)
+    _check("one_plus", g, "zoo_loss", ("fwd/",))

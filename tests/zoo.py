@@ -903,6 +903,52 @@ def fit_mixed_transformer(batch=None):
         k.mixed_precision.set_global_policy("float32")
 
 
+def vae(batch=None):
+    """A convolutional VAE: the KL term's ``1 + log_var``, a ``tf.random.normal``
+    reparameterisation, a one-channel transposed convolution as the decoder's last layer.
+
+    The step returns its loss, and the optimizer passes every gradient through
+    ``tf.identity``: the gradient of the last layer's one-element bias is a result with
+    every dimension 1, and the KL term's constant 1 reaches the loss and the gradients.
+    """
+    import tensorflow as tf
+
+    k = _keras()
+    k.utils.set_random_seed(811)
+    layers = k.layers
+    enc = k.Sequential([
+        k.Input((32, 32, 1)), layers.Conv2D(16, 3, 2, "same", activation="relu"),
+        layers.Conv2D(32, 3, 2, "same", activation="relu"), layers.Flatten(),
+        layers.Dense(2 * 8)], name="enc")
+    dec = k.Sequential([
+        k.Input((8,)), layers.Dense(8 * 8 * 16, activation="relu"),
+        layers.Reshape((8, 8, 16)),
+        layers.Conv2DTranspose(16, 3, 2, "same", activation="relu"),
+        layers.Conv2DTranspose(1, 3, 2, "same")], name="dec")
+    opt = k.optimizers.Adam(1e-3)
+    variables = enc.trainable_variables + dec.trainable_variables
+    opt.build(variables)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            with tf.name_scope("fwd"):
+                stats = enc(x, training=True)
+                mu, log_var = stats[:, :8], stats[:, 8:]
+                z = mu + tf.exp(0.5 * log_var) * tf.random.normal(tf.shape(mu), seed=5)
+                logits = dec(z, training=True)
+                rec = tf.reduce_mean(tf.reduce_sum(
+                    tf.nn.sigmoid_cross_entropy_with_logits(x, logits), [1, 2, 3]))
+                kl = -0.5 * tf.reduce_mean(tf.reduce_sum(
+                    1 + log_var - mu ** 2 - tf.exp(log_var), 1))
+                value = tf.identity(rec + kl, name="zoo_loss")
+        opt.apply_gradients(zip(tape.gradient(value, variables), variables, strict=True))
+        return value
+
+    cf = tf.function(step).get_concrete_function(*_specs(batch, (32, 32, 1), ()))
+    cf.zoo_objects = (enc, dec, opt)  # the function holds its variables weakly
+    return cf, ("fwd/",)
+
+
 def stochastic_depth_cnn(batch=None):
     """Residual blocks dropped at random per sample (stochastic depth, as EfficientNet)."""
     k = _keras()
@@ -1096,6 +1142,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("fit_cnn", fit_cnn, 8, False),
     Entry("fit_mixed_transformer", fit_mixed_transformer, 4, True),
     Entry("stochastic_depth_cnn", stochastic_depth_cnn, 4, False),
+    Entry("vae", vae, 8, False),
     Entry("densenet121", densenet121, 2, False, large=True),
     Entry("resnet50", resnet50, 2, True, large=True),
 )
