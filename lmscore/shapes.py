@@ -153,7 +153,7 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
                 continue
         data_in = adj.data_in[i]
         own = no_values
-        if op.outputs and op.outputs[0].dtype in ("int32", "int64"):
+        if op.outputs and op.outputs[0].dtype in _VALUE_DTYPES:
             own = _int_values(graph, i, vals, shapes)
             for port, value in own.items():
                 vals[(i, port)] = value
@@ -237,12 +237,12 @@ def _recorded_sizes(
     """The recorded shapes of ``specs`` when all are complete and nothing else decides them.
 
     Their shapes are None when one is unknown or absurd (resolved or refused one by one),
-    or when the first output is an integer tensor, whose value may be computed. Their
+    or when the first output is an integer or boolean tensor, whose value may be computed. Their
     byte counts are None unless each is known from the spec alone and within bounds
     (strings, lists and unknown or huge sizes are counted one by one). Shared by every
     op of these specs, and never changed: only unknown sizes are filled in later.
     """
-    if specs and specs[0].dtype in ("int32", "int64"):
+    if specs and specs[0].dtype in _VALUE_DTYPES:
         return None, None
     shapes = []
     for spec in specs:
@@ -796,12 +796,19 @@ def _bytes_from_peers(graph: Graph, out: dict[str, int]) -> None:
 # output shapes that static shapes leave unknown.
 
 Value = tuple[tuple[int, ...], tuple[int, ...]]  # (shape, flat values)
+#: Dtypes whose small tensors' values are computed (booleans as 0 and 1).
+_VALUE_DTYPES = frozenset({"int32", "int64", "bool"})
 _MAX_VALUE = 64
 _REDUCTIONS = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "All", "Any", "EuclideanNorm"})
 _BINARY = {
     "Add": lambda a, b: a + b, "AddV2": lambda a, b: a + b, "Sub": lambda a, b: a - b,
     "Mul": lambda a, b: a * b, "FloorDiv": lambda a, b: a // b if b else None,
     "Maximum": max, "Minimum": min, "FloorMod": lambda a, b: a % b if b else None,
+    # comparisons, as 0 and 1: a Select between permutations on a dimension's size
+    # (tf.vectorized_map's matrix-vector products) takes one of them
+    "Equal": lambda a, b: int(a == b), "NotEqual": lambda a, b: int(a != b),
+    "Less": lambda a, b: int(a < b), "LessEqual": lambda a, b: int(a <= b),
+    "Greater": lambda a, b: int(a > b), "GreaterEqual": lambda a, b: int(a >= b),
 }
 
 
@@ -905,6 +912,13 @@ def _int_values(
             xs = [_BINARY[t](a[1][k % len(a[1])], b[1][k % len(b[1])]) for k in range(n)]
             if None not in xs:
                 out = (a[0] if len(a[1]) >= len(b[1]) else b[0], tuple(xs))
+    elif t in ("Select", "SelectV2") and all(v(k) is not None and v(k)[1] for k in range(3)):
+        cond, a, b = v(0), v(1), v(2)
+        if len(cond[1]) == 1 and (t == "Select" or a[0] == b[0]):
+            out = a if cond[1][0] else b  # a scalar condition picks a whole tensor
+        elif len(cond[1]) == len(a[1]) == len(b[1]) and a[0] == b[0]:
+            out = (a[0], tuple(x if c else y for c, x, y in zip(cond[1], a[1], b[1],
+                                                                 strict=True)))
     elif t == "Range" and all(v(k) is not None and v(k)[1] for k in range(3)):
         start, limit, delta = v(0)[1][0], v(1)[1][0], v(2)[1][0]
         if delta and 0 <= (limit - start) // delta <= _MAX_VALUE:

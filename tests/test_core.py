@@ -376,6 +376,44 @@ def test_shapes_given_as_values_crops_scatters_and_paddings():
     assert s.shapes[g.index["padded"]] == ((2, 9, 16),)
 
 
+def test_a_permutation_selected_on_a_dimensions_size():
+    """``tf.vectorized_map`` of a matrix-vector product transposes by a permutation chosen
+    with ``Select(Equal(min(batch, n), 1), ...)``: left unevaluated, the transpose and
+    everything after it had unknown sizes, counted 0 bytes (a tuned plan measured 1.200
+    of its device, its simulation 0.739 of measured)."""
+    f = "float"
+    i32 = "int32"
+
+    def const(name, *value, dtype=i32, shape=None):
+        return Op(name, "Const", outputs=t(dtype, *(shape if shape is not None
+                                                     else (len(value),))),
+                  attrs={"value": value})
+
+    ops = (
+        Op("x", "Placeholder", outputs=t(f, -1, 512, 1)),
+        Op("shape", "Shape", inputs=("x:0",), outputs=t(i32, 3)),
+        const("b0", 0), const("b1", 1), const("b2", 2),
+        Op("rows", "StridedSlice", inputs=("shape:0", "b0:0", "b1:0", "b1:0"),
+           outputs=t(i32), attrs={"shrink_axis_mask": 1}),
+        Op("cols", "StridedSlice", inputs=("shape:0", "b1:0", "b2:0", "b1:0"),
+           outputs=t(i32), attrs={"shrink_axis_mask": 1}),
+        Op("least", "Minimum", inputs=("rows:0", "cols:0"), outputs=t(i32)),
+        const("one", 1, shape=()),
+        Op("single", "Equal", inputs=("least:0", "one:0"), outputs=t("bool")),
+        const("keep", 0, 1, 2), const("swap", 1, 0, 2),
+        Op("perm", "Select", inputs=("single:0", "keep:0", "swap:0"), outputs=t(i32, 3)),
+        Op("xt", "Transpose", inputs=("x:0", "perm:0"), outputs=t(f, -1, -1, -1)),
+        Op("wide", "Greater", inputs=("cols:0", "rows:0"), outputs=t("bool")),
+        Op("pick", "SelectV2", inputs=("wide:0", "cols:0", "rows:0"), outputs=t(i32)),
+    )
+    g = Graph(ops)
+    s = resolve(g, 256)
+    assert s.values[(g.index["single"], 0)] == (0,)
+    assert s.values[(g.index["perm"], 0)] == (1, 0, 2)
+    assert s.shapes[g.index["xt"]] == ((512, 256, 1),)
+    assert s.values[(g.index["pick"], 0)] == (512,)
+
+
 @pytest.mark.parametrize("op_type", ["GatherV2", "Gather", "GatherNd", "Pack", "MatrixDiag",
                                      "MatrixDiagV3", "UnsortedSegmentSum", "Transpose",
                                      "Slice"])
