@@ -852,7 +852,7 @@ _WHILE_OPS = frozenset({"While", "StatelessWhile"})
 #: Op types :func:`_view_of` may find a view in (it answers None for all others).
 _VIEW_TYPES = ALIAS_OPS | _LIST_READS.keys() | _WHILE_OPS | _REDUCTIONS | {
     "Transpose", "StridedSlice", "Slice", "Split", "SplitV", "OptionalFromValue",
-    "OptionalGetValue", "Unpack"}
+    "OptionalGetValue", "Unpack", "BroadcastTo"}
 #: Alignment a split's parts must keep to share its input's buffer: TensorFlow's
 #: ``EIGEN_MAX_ALIGN_BYTES``, 64 on AVX-512 builds (a coarser build shares more, never
 #: less, so the prediction holds on any machine).
@@ -892,11 +892,23 @@ def _view_of(graph: Graph, sizes: Sizes, i: int, port: int) -> tuple[int, int] |
         return None
     if op.type in ("Split", "SplitV"):
         return _split_part_of(sizes, ins, op.type == "Split", len(op.outputs))
+    if op.type == "BroadcastTo":
+        # to its own shape, the kernel hands its input through (``BroadcastToOp``): a
+        # same-shape broadcast (keras.ops.take_along_axis) measured 1.189 counted a copy
+        src = sizes.shapes[ins[0][0]][ins[0][1]]
+        return ins[0] if src is not None and -1 not in src and src == sizes.shapes[i][port] \
+            else None
     if op.type in _REDUCTIONS or op.type in ("Transpose", "StridedSlice", "Slice"):
         src = sizes.shapes[ins[0][0]][ins[0][1]]
         out = sizes.shapes[i][port]
         if src is None or out is None or -1 in src or -1 in out:
             return None
+        if op.type == "StridedSlice" and len(ins) > 3:
+            strides = sizes.values.get(ins[3])
+            if strides is None or any(k != 1 for k in strides):
+                # only a slice with unit strides shares its input (``x[:, ::-1]`` keeps
+                # every element, reversed, in a new buffer: 4 MiB counted as a view)
+                return None
         if op.type == "Transpose":
             perm = sizes.values.get(ins[1]) if len(ins) > 1 else None
             if perm is None or len(perm) != len(src):
@@ -1701,7 +1713,8 @@ def einsum_scratch_bytes(equation: str, shapes: Sequence[tuple[int, ...] | None]
     Exact on the allocation records of eight equations (the forward and gradient
     einsums of projections, attention heads, attention scores and a mixture of experts'
     per-token weights) under Eigen. oneDNN's kernel also takes a scratch buffer of its
-    own, not modelled (1.4 KB to the size of a transposed operand). Ellipses, repeated
+    own, not modelled (1.4 KB to the size of a transposed operand). An ellipsis of the same
+    dimensions in both operands and the output is batch labels; other ellipses, repeated
     labels and one-operand equations: 0.
 
     Examples
@@ -1712,10 +1725,29 @@ def einsum_scratch_bytes(equation: str, shapes: Sequence[tuple[int, ...] | None]
     81920
     >>> einsum_scratch_bytes("btd,dv->btv", [(8, 50, 64), (64, 96)], 4)
     0
+    >>> einsum_scratch_bytes("...qd,...qk->...kd", [(8, 20, 16), (8, 20, 30)], 4)
+    15360
     """
     lhs, arrow, out = equation.replace(" ", "").partition("->")
     ins = lhs.split(",")
-    if not arrow or len(ins) != 2 or "." in equation or len(shapes) != 2:
+    if not arrow or len(ins) != 2 or len(shapes) != 2:
+        return 0
+    if "..." in equation:
+        # an ellipsis the output keeps, of the same dimensions in both operands, is
+        # batch labels of its own (``...qd,...qk->...kd``: a transposed result, measured)
+        if not all("..." in x for x in (*ins, out)) or any(s is None for s in shapes):
+            return 0
+        n = [len(sh) - len(x) + 3 for x, sh in zip(ins, shapes, strict=True)]
+        spans = [sh[x.index("..."):x.index("...") + k]
+                 for x, sh, k in zip(ins, shapes, n, strict=True)]
+        free_letters = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in equation]
+        if n[0] != n[1] or n[0] < 0 or spans[0] != spans[1] or n[0] > len(free_letters):
+            return 0
+        dots = "".join(free_letters[:n[0]])
+        ins = [x.replace("...", dots) for x in ins]
+        out = out.replace("...", dots)
+        equation = f"{ins[0]},{ins[1]}->{out}"
+    if "." in equation:
         return 0
     if any(s is None or len(s) != len(labels) or -1 in s
            for s, labels in zip(shapes, ins, strict=True)):

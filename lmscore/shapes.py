@@ -905,6 +905,11 @@ def _int_values(
         if xs or t in ("Prod", "Sum"):
             keep = op.attrs.get("keep_dims", False) and len(v(0)[0]) == 1
             out = ((1,) if keep else (), (int(red(xs)),))
+    elif (t in _BINARY and v(0) is not None and v(1) is not None
+          and not (v(0)[1] and v(1)[1]) and len(v(0)[1]) <= 1 and len(v(1)[1]) <= 1):
+        # an empty vector with a scalar is empty (the axes of an einsum gradient's sum
+        # over no axis: left unknown, its 1 MiB tensors counted 0 bytes)
+        out = v(0) if not v(0)[1] else v(1)
     elif t in _BINARY and v(0) is not None and v(1) is not None and v(0)[1] and v(1)[1]:
         a, b = v(0), v(1)
         if len(a[1]) == 1 or len(b[1]) == 1 or len(a[1]) == len(b[1]):
@@ -938,6 +943,12 @@ def _int_values(
                 merged[idx] = x
         if sorted(merged) == list(range(len(merged))):
             out = ((len(merged),), tuple(merged[k] for k in range(len(merged))))
+    elif t == "ListDiff" and v(0) is not None and v(1) is not None and len(v(0)[0]) == 1:
+        # the axes a reduction's gradient keeps (tf.reduce_prod's: its transposes' sizes)
+        drop = set(v(1)[1])
+        kept = [(k, x) for k, x in enumerate(v(0)[1]) if x not in drop]
+        return {0: ((len(kept),), tuple(x for _, x in kept)),
+                1: ((len(kept),), tuple(k for k, _ in kept))}
     elif t == "BroadcastGradientArgs" and v(0) is not None and v(1) is not None:
         r0, r1 = _broadcast_gradient_args(v(0)[1], v(1)[1])
         return {0: ((len(r0),), r0), 1: ((len(r1),), r1)}
@@ -1038,6 +1049,53 @@ _UNSORTED_SEGMENTS = frozenset({
 })
 
 
+def _einsum_shape(equation: str, shapes: list[tuple[int, ...] | None]
+                  ) -> tuple[int, ...] | None:
+    """Output shape of an ``Einsum`` from its equation and its inputs' shapes, or None.
+
+    Each label takes its dimension from the inputs; ``...`` stands for the dimensions no
+    label takes, broadcast across the inputs as numpy does. The recorded shape of an
+    ellipsis output moved to the end (``...te,...td->de...``, an einsum gradient) left the
+    batch unknown.
+
+    Examples
+    --------
+    >>> _einsum_shape("...te,...td->de...", [(8, 16, 32), (8, 16, 4)])
+    (4, 32, 8)
+    >>> _einsum_shape("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)])
+    (2, 3, 5)
+    """
+    lhs, arrow, rhs = equation.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    if not arrow or len(terms) != len(shapes) or any(s is None for s in shapes):
+        return None
+    dims: dict[str, int] = {}
+    ellipsis: list[int] = []
+    for term, shape in zip(terms, shapes, strict=True):
+        head, dots, tail = term.partition("...")
+        n = len(shape) - len(head) - len(tail)
+        if n < 0 or (not dots and n):
+            return None
+        labels = head + tail
+        for label, d in zip(labels, shape[:len(head)] + shape[len(shape) - len(tail):],
+                            strict=True):
+            if d >= 0 and dims.get(label, 1) in (1, -1):
+                dims[label] = d
+            else:
+                dims.setdefault(label, d)
+        own = list(shape[len(head):len(head) + n])
+        if len(own) > len(ellipsis):
+            ellipsis = [1] * (len(own) - len(ellipsis)) + ellipsis
+        for k, d in enumerate(own, start=len(ellipsis) - len(own)):
+            if ellipsis[k] in (1, -1) and d != 1:
+                ellipsis[k] = d
+    head, dots, tail = rhs.partition("...")
+    if any(label not in dims for label in head + tail):
+        return None
+    out = (*(dims[x] for x in head), *(ellipsis if dots else ()), *(dims[x] for x in tail))
+    return None if -1 in out else tuple(out)
+
+
 def _shape_from_values(
     graph: Graph, i: int, port: int, vals: dict[tuple[int, int], Value], shapes: list
 ) -> tuple[int, ...] | None:
@@ -1058,6 +1116,10 @@ def _shape_from_values(
         p, pt = ins[k]
         return shapes[p][pt]
 
+    if t == "Einsum" and isinstance(op.attrs.get("equation"), str):
+        shape = _einsum_shape(op.attrs["equation"], [in_shape(k) for k in range(len(ins))])
+        if shape is not None:
+            return shape
     if t == "Reshape" and v(1) is not None:
         dims = list(v(1))
         src = in_shape(0)
