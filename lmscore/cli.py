@@ -867,6 +867,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                       progress=bar.span(0.0, 0.8 if more else 1.0), **opts)
         report = tune_report(result)
         report["batch_size"] = batch
+        from .shapes import resolve
+
+        unknown = resolve(graph, batch).unknown
+        report["unknown_size_tensors"] = len(unknown)
+        report["unknown_size_examples"] = list(unknown[:10])
         if args.max_batch:  # how many batches it tries is not known: the bar pulses
             tried: dict = {}
             bar(None, "the batch no plan can pass")
@@ -908,6 +913,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     print(f"  {result.message}")
     print(f"  budget for the step  {format_bytes(result.budget_bytes)} "
           f"(after {format_bytes(result.persistent_bytes)} persistent)")
+    if report["unknown_size_tensors"]:
+        # a plan that fits here may not fit there: those tensors are not in the sums
+        print(f"  {report['unknown_size_tensors']} tensor(s) of unknown size counted as 0 "
+              f"bytes ({', '.join(report['unknown_size_examples'][:3])}): the plan's peak "
+              "leaves them out; run `lms validate` with the plan to measure it")
     if not result.plan.changes_nothing():
         print(f"  {result.strategy}: {result.knobs}, {result.evaluations} plans scored")
         print(f"  predicted step time  {result.baseline_step_seconds * 1e3:.1f} ms -> "

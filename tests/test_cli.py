@@ -475,6 +475,27 @@ def test_tune_out_writes_the_unchanged_step_when_nothing_needs_swapping(tmp_path
     assert any(op.attrs.get("_lms_role") for op in load(out).ops)
 
 
+def test_tune_names_the_tensors_it_could_not_size(monkeypatch, capsys):
+    """A plan fits only as far as the sizes go: tensors of unknown size (counted 0 bytes)
+    are named beside the verdict, and counted in the JSON report."""
+    import dataclasses
+
+    import lmscore.shapes
+
+    assert cli.main(["tune", "mlp", "--budget", "1GB"]) == 0
+    assert "unknown size" not in capsys.readouterr().out
+    real = lmscore.shapes.resolve
+    monkeypatch.setattr(lmscore.shapes, "resolve", lambda g, b: dataclasses.replace(
+        real(g, b), unknown=("frame:0", "gather:0")))
+    assert cli.main(["tune", "mlp", "--budget", "1GB"]) == 0
+    assert ("2 tensor(s) of unknown size counted as 0 bytes (frame:0, gather:0): the plan's "
+            "peak leaves them out") in capsys.readouterr().out
+    assert cli.main(["tune", "mlp", "--budget", "1GB", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["unknown_size_tensors"] == 2
+    assert report["unknown_size_examples"] == ["frame:0", "gather:0"]
+
+
 def test_tune_writes_nothing_when_no_plan_fits(tmp_path, capsys):
     """A refusal leaves --out and --plan-out as they were: a file from an earlier fit stays."""
     out, plan = tmp_path / "t.pb", tmp_path / "t.json"
