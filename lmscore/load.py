@@ -432,7 +432,7 @@ _ATTR_OPS = frozenset({
     "EmptyTensorList", "TensorListReserve", "MatMul", "BatchMatMul", "BatchMatMulV2",
     "BatchMatMulV3", "StridedSlice", "Sum", "Mean", "Max", "Min", "Prod", "All", "Any",
     "Pack", "Unpack", "ConcatV2", "GatherV2", "AddN", "Split", "SplitV", "Identity",
-    "DeepCopy", "Einsum",
+    "DeepCopy", "Einsum", "RaggedTensorToTensor",
 })
 
 
@@ -472,6 +472,11 @@ def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None,
     if op_type == "Einsum":
         if "equation" in present:
             out["equation"] = attr["equation"].s.decode("utf-8", "replace")
+        return out
+    if op_type == "RaggedTensorToTensor":
+        if "row_partition_types" in present:
+            out["row_partition_types"] = tuple(
+                x.decode("utf-8", "replace") for x in attr["row_partition_types"].list.s)
         return out
     if op_type in ("While", "StatelessWhile") and pushes:
         out["list_aliases"] = pushes.get(attr["body"].func.name, ())

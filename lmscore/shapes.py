@@ -1116,6 +1116,20 @@ def _shape_from_values(
         p, pt = ins[k]
         return shapes[p][pt]
 
+    if t == "RaggedTensorToTensor" and v(0) is not None and len(ins) > 3:
+        # the dense shape asked for, its unknown first dimension the rows of the first
+        # row partition: a ROW_SPLITS vector has one more entry than rows (the dense
+        # tensor took 33 rows for 32, and its gradient's mask the 2,048 flat values')
+        dims = list(v(0))
+        kinds = op.attrs.get("row_partition_types", ())
+        splits = in_shape(3)
+        if dims and dims[0] == -1 and kinds and kinds[0] == "ROW_SPLITS" and splits \
+                and len(splits) == 1 and splits[0] > 0:
+            dims[0] = splits[0] - 1
+        elif dims and dims[0] == -1 and kinds and kinds[0] == "FIRST_DIM_SIZE" \
+                and v(3) is not None and len(v(3)) == 1:
+            dims[0] = v(3)[0]
+        return tuple(dims) if -1 not in dims else None
     if t == "Einsum" and isinstance(op.attrs.get("equation"), str):
         shape = _einsum_shape(op.attrs["equation"], [in_shape(k) for k in range(len(ins))])
         if shape is not None:
