@@ -569,6 +569,19 @@ def _categories(
             cat[i] = BACKWARD
         else:
             cat[i] = FORWARD  # outputs and metrics that read the forward pass
+    if trains:
+        # No optimizer feeds a matrix product or a gradient kernel: an op taken for
+        # optimizer arithmetic (a gradient scaled by state) that a backward product reads
+        # is the backward pass's (the gradient through Keras Attention's learned scale,
+        # (batch, 32, 32), was called update), and so is what only such ops read.
+        moved = [False] * n
+        for i in reversed(topo):
+            if cat[i] == UPDATE and not write[i] and readers[i] and any(
+                    moved[c] or (cat[c] == BACKWARD and (types[c] in _PRODUCTS
+                                                          or types[c] in GRADIENT_PORTS))
+                    for c in readers[i]):
+                cat[i] = BACKWARD
+                moved[i] = True
     return tuple(c or FORWARD for c in cat), tuple(ops[i].name for i in losses)
 
 

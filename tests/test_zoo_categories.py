@@ -114,3 +114,23 @@ def test_a_constant_one_of_the_loss_is_not_the_seed_without_gradient_kernels() -
     g = from_graphdef_bytes(graphdef_from_concrete_function(cf), source="one_plus",
                             text=False)
     _check("one_plus", g, "zoo_loss", ("fwd/",))
+
+
+def test_the_gradient_through_a_learned_scale_is_backward() -> None:
+    """Keras ``Attention(use_scale=True)`` multiplies the scores by a scalar weight: the
+    gradient through it, the incoming gradient times that weight, read by the backward
+    matrix products, was called update (optimizer arithmetic scales gradients by state
+    too, but never feeds a matrix product)."""
+    from lmscore.load import from_graphdef_bytes
+    from lmscore.tfgraph import graphdef_from_concrete_function
+
+    k = zoo._keras()
+    k.utils.set_random_seed(12)
+    inp = k.Input((32,), dtype="int32")
+    q = k.layers.Embedding(500, 16)(inp)  # what the gradient leads to is a sparse update
+    att = k.layers.Attention(use_scale=True)([q, q])
+    m = k.Model(inp, k.layers.Dense(4)(k.layers.GlobalAveragePooling1D()(att)), name="katt")
+    cf, prefixes = zoo._custom_step(m, zoo._sparse_ce(), k.optimizers.Adam(1e-3),
+                                    *zoo._specs(None, (32,), (), x_dtype="int32"))
+    g = from_graphdef_bytes(graphdef_from_concrete_function(cf), source="katt", text=False)
+    _check("katt", g, "zoo_loss", prefixes)
