@@ -562,6 +562,7 @@ def _simulate(
     if workspace != "none":
         buffers += _xent_scratch(graph, ordering, sizes)
         buffers += _einsum_scratch(graph, ordering, sizes)
+        buffers += _mirror_pad_grad_scratch(graph, ordering, sizes)
     loops, credit, race = _loop_effects(graph, ordering, sizes, buffers, workspace, depth)
     buffers += loops
     branches, less = _branch_effects(graph, ordering, sizes, buffers, workspace, depth)
@@ -1802,6 +1803,27 @@ def _einsum_scratch(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buff
         b = einsum_scratch_bytes(equation, shapes, dtype_bytes(op.outputs[0].dtype) or 4)
         if b:
             out.append(_scratch(op.name, b, i, ordering))
+    return out
+
+
+def _mirror_pad_grad_scratch(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffer]:
+    """``MirrorPadGrad``'s temporary of its padded input's shape, alive during its op.
+
+    The CPU and GPU kernels alike fold the padded gradient into a scratch tensor of the
+    input's shape before writing the output (none when nothing is padded: the input is
+    handed through). A REFLECT-padded generator's step measured 0.925 without it.
+    """
+    out = []
+    needed = ordering.needed
+    adj = graph.adjacency
+    for i in graph.of_types(("MirrorPadGrad",)):
+        if not needed[i] or not adj.data_in[i]:
+            continue
+        p, port = adj.data_in[i][0]
+        src, dst = sizes.shapes[p][port], sizes.shapes[i][0]
+        b = sizes.nbytes[p][port]
+        if b > 0 and src != dst:
+            out.append(_scratch(graph.ops[i].name, b, i, ordering))
     return out
 
 

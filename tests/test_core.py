@@ -503,6 +503,29 @@ def test_a_reversed_slice_is_a_copy_and_a_broadcast_to_its_own_shape_a_view():
     assert "y:0" in shares_h("broadcast")  # h itself
 
 
+def test_a_mirror_pad_gradient_holds_a_padded_temporary():
+    """``MirrorPadGrad`` folds the padded gradient in a temporary of its input's shape
+    (CPU and GPU kernels alike) before writing its output; none where nothing is padded.
+    A REFLECT-padded generator measured 0.925 of the simulation without it."""
+    f = "float"
+
+    def step(pad: int) -> Graph:
+        return Graph((
+            Op("g", "Placeholder", outputs=t(f, -1, 32 + 2 * pad, 32 + 2 * pad, 8)),
+            Op("pads", "Const", outputs=t("int32", 4, 2),
+               attrs={"value": (0, 0, pad, pad, pad, pad, 0, 0)}),
+            Op("fold", "MirrorPadGrad", inputs=("g:0", "pads:0"), outputs=t(f, -1, 32, 32, 8)),
+            Op("out", "Tanh", inputs=("fold:0",), outputs=t(f, -1, 32, 32, 8)),
+        ))
+
+    padded = 4 * 36 * 36 * 8 * 4
+    for workspace in ("accelerator", "eigen"):
+        sim = simulate(step(2), 4, workspace=workspace)
+        assert [b.bytes for b in sim.buffers if b.scratch] == [padded]
+    assert not [b for b in simulate(step(2), 4, workspace="none").buffers if b.scratch]
+    assert not [b for b in simulate(step(0), 4, workspace="eigen").buffers if b.scratch]
+
+
 def test_image_transform_takes_its_size_from_the_images_shape():
     """Keras' RandomRotation: the output size is ``Shape(images)[1:-1]``, known at run time."""
     f = "float"
