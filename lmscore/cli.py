@@ -441,8 +441,7 @@ def inspect_report(
         "transient_peak_bytes": sim.transient_peak_bytes,
         "host_peak_bytes": sim.host_peak_bytes,
         "swap_ops": sum(1 for op in graph.ops if op.attrs and op.attrs.get("_lms_role")),
-        "unknown_size_tensors": len(unknown),
-        "unknown_size_examples": list(unknown[:10]),
+        **_unknown_report(unknown),
         "hotspots": [
             {
                 "tensor": h.tensor,
@@ -486,9 +485,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         print(f"  host peak        {format_bytes(report['host_peak_bytes'])} "
               f"({report['swap_ops']} swap ops)")
     if report["unknown_size_tensors"]:
-        ex = ", ".join(report["unknown_size_examples"][:3])
-        print(f"  unknown sizes    {report['unknown_size_tensors']} tensors counted as 0 "
-              f"bytes (e.g. {ex})")
+        print(_unknown_line(report["unknown_size_tensors"], report["unknown_size_examples"],
+                            "the peak leaves them out"))
     print(f"\n  tensors alive at the peak (largest {len(report['hotspots'])}):")
     print(_table(
         ["tensor", "size", "from", "to", "dist", "category", "swap"],
@@ -537,9 +535,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         print("  TensorFlow's executor ran independent ops in another order than the "
               "simulator's; that order is drawn anew in each session")
     if result.unknown_size_tensors:
-        n = len(result.unknown_size_tensors)
-        print(f"  {n} tensor(s) of unknown size counted as 0 bytes "
-              f"({', '.join(result.unknown_size_tensors[:3])}): the simulation leaves them out")
+        print(_unknown_line(len(result.unknown_size_tensors), result.unknown_size_tensors,
+                            "the simulation leaves them out"))
     if result.xla_functions:
         print(f"  XLA compiles {len(result.xla_functions)} function(s) of the step "
               f"({', '.join(result.xla_functions[:3])}): on the CPU their buffers are not in "
@@ -836,7 +833,19 @@ def tune_report(result: Any) -> dict[str, Any]:
         "min_peak_bytes": result.min_peak_bytes,
         "bound_op": result.bound_op,
         "message": result.message,
+        **_unknown_report(result.unknown_size_tensors),
     }
+
+
+def _unknown_report(unknown: Sequence[str]) -> dict[str, Any]:
+    """The JSON keys of the tensors a simulation counted as 0 bytes: a count, examples."""
+    return {"unknown_size_tensors": len(unknown), "unknown_size_examples": list(unknown[:10])}
+
+
+def _unknown_line(count: int, examples: Sequence[str], consequence: str) -> str:
+    """The line that names the tensors of unknown size, and what they leave out."""
+    return (f"  {count} tensor(s) of unknown size counted as 0 bytes "
+            f"({', '.join(examples[:3])}): {consequence}")
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
@@ -867,11 +876,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                       progress=bar.span(0.0, 0.8 if more else 1.0), **opts)
         report = tune_report(result)
         report["batch_size"] = batch
-        from .shapes import resolve
-
-        unknown = resolve(graph, batch).unknown
-        report["unknown_size_tensors"] = len(unknown)
-        report["unknown_size_examples"] = list(unknown[:10])
         if args.max_batch:  # how many batches it tries is not known: the bar pulses
             tried: dict = {}
             bar(None, "the batch no plan can pass")
@@ -915,9 +919,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
           f"(after {format_bytes(result.persistent_bytes)} persistent)")
     if report["unknown_size_tensors"]:
         # a plan that fits here may not fit there: those tensors are not in the sums
-        print(f"  {report['unknown_size_tensors']} tensor(s) of unknown size counted as 0 "
-              f"bytes ({', '.join(report['unknown_size_examples'][:3])}): the plan's peak "
-              "leaves them out; run `lms validate` with the plan to measure it")
+        print(_unknown_line(report["unknown_size_tensors"], report["unknown_size_examples"],
+                            "the plan's peak leaves them out; run `lms validate` with the "
+                            "plan to measure it"))
     if not result.plan.changes_nothing():
         print(f"  {result.strategy}: {result.knobs}, {result.evaluations} plans scored")
         print(f"  predicted step time  {result.baseline_step_seconds * 1e3:.1f} ms -> "

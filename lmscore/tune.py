@@ -126,6 +126,9 @@ class TuneResult:
     limited_by : {"", "device", "host"}
         When nothing fits: ``"host"`` if the best plan found fits the device but holds
         more than ``host_limit_bytes`` on the host, else ``"device"``.
+    unknown_size_tensors : tuple of str
+        Tensors of the step whose size the simulation could not tell (counted as 0
+        bytes): a plan fits only as far as the sizes go.
     """
 
     plan: Plan
@@ -150,6 +153,7 @@ class TuneResult:
     recomputed_tensors: int = 0
     host_limit_bytes: int = 0
     limited_by: str = ""
+    unknown_size_tensors: tuple[str, ...] = ()
 
 
 # --- Time model --------------------------------------------------------------------------
@@ -1132,6 +1136,7 @@ def _result(graph, batch, plan, fitted, budget, memory, base, sim, base_seconds,
         strategy=strategy, evaluations=ctx.evaluations, message=message,
         min_peak_bytes=min_peak, bound_op=bound, knobs=knobs,
         recomputed_tensors=len(plan.recomputes), host_limit_bytes=host, limited_by=limited_by,
+        unknown_size_tensors=base.unknown_size_tensors,
     )
 
 
