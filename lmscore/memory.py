@@ -560,9 +560,7 @@ def _simulate(
     if workspace in ("eigen", "onednn"):
         buffers += _cpu_scratch(graph, ordering, sizes, workspace)
     if workspace != "none":
-        buffers += _xent_scratch(graph, ordering, sizes)
-        buffers += _einsum_scratch(graph, ordering, sizes)
-        buffers += _mirror_pad_grad_scratch(graph, ordering, sizes)
+        buffers += _kernel_temporaries(graph, ordering, sizes)
     loops, credit, race = _loop_effects(graph, ordering, sizes, buffers, workspace, depth)
     buffers += loops
     branches, less = _branch_effects(graph, ordering, sizes, buffers, workspace, depth)
@@ -1675,29 +1673,19 @@ def _scratch(name: str, nbytes: int, i: int, ordering: Ordering) -> Buffer:
     return Buffer(f"{name}/scratch", nbytes, lvl, lvl, i, (), scratch=True, first=at, last=at)
 
 
-def _xent_scratch(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffer]:
-    """The cross-entropy kernels' row temporary, alive during their op.
+def _xent_bytes(graph: Graph, sizes: Sizes, i: int) -> int:
+    """The cross-entropy kernels' row temporary: one value of the logits' dtype per row.
 
-    Not a workspace a device may do without: the CPU and GPU kernels allocate it alike,
-    one value of the logits' dtype per row, where the loss of every row is reduced. A
-    segmentation step has a row per pixel: a DeepLab-like step simulated at 0.994 of its
-    measured peak, short by exactly that temporary at the loss.
+    The loss of every row is reduced there. A segmentation step has a row per pixel: a
+    DeepLab-like step simulated at 0.994 of its measured peak, short by exactly that
+    temporary at the loss.
     """
-    out = []
-    needed = ordering.needed
-    for i in graph.of_types(_XENT_OPS):
-        op = graph.ops[i]
-        if not needed[i] or not graph.adjacency.data_in[i]:
-            continue
-        p, port = graph.adjacency.data_in[i][0]
-        logits = sizes.shapes[p][port]
-        width = dtype_bytes(op.outputs[0].dtype) if op.outputs else 0
-        if not logits or None in logits or -1 in logits or not width:
-            continue
-        b = math.prod(logits[:-1]) * width
-        if b:
-            out.append(_scratch(op.name, b, i, ordering))
-    return out
+    p, port = graph.adjacency.data_in[i][0]
+    logits = sizes.shapes[p][port]
+    width = dtype_bytes(graph.ops[i].outputs[0].dtype) or 0
+    if not logits or None in logits or -1 in logits:
+        return 0
+    return math.prod(logits[:-1]) * width
 
 
 def einsum_scratch_bytes(equation: str, shapes: Sequence[tuple[int, ...] | None],
@@ -1784,46 +1772,54 @@ def einsum_scratch_bytes(equation: str, shapes: Sequence[tuple[int, ...] | None]
     return held * width
 
 
-def _einsum_scratch(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffer]:
-    """The ``Einsum`` kernels' operand copies and transposed results, alive during their op.
+def _einsum_bytes(graph: Graph, sizes: Sizes, i: int) -> int:
+    """The ``Einsum`` kernel's operand copies and transposed result.
 
     See :func:`einsum_scratch_bytes`: the weight gradient of a mixture of experts'
     per-token expert weights (``nd,nf->nfd``) held two 134 MB tensors where one was
     counted (0.686 of measured).
     """
-    out = []
-    needed = ordering.needed
-    adj = graph.adjacency
-    for i in graph.of_types(("Einsum",)):
-        op = graph.ops[i]
-        equation = op.attrs.get("equation")
-        if not needed[i] or not op.outputs or not isinstance(equation, str):
-            continue
-        shapes = [sizes.shapes[p][port] for p, port in adj.data_in[i]]
-        b = einsum_scratch_bytes(equation, shapes, dtype_bytes(op.outputs[0].dtype) or 4)
-        if b:
-            out.append(_scratch(op.name, b, i, ordering))
-    return out
+    op = graph.ops[i]
+    equation = op.attrs.get("equation")
+    if not isinstance(equation, str):
+        return 0
+    shapes = [sizes.shapes[p][port] for p, port in graph.adjacency.data_in[i]]
+    return einsum_scratch_bytes(equation, shapes, dtype_bytes(op.outputs[0].dtype) or 4)
 
 
-def _mirror_pad_grad_scratch(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffer]:
-    """``MirrorPadGrad``'s temporary of its padded input's shape, alive during its op.
+def _mirror_pad_grad_bytes(graph: Graph, sizes: Sizes, i: int) -> int:
+    """``MirrorPadGrad``'s temporary of its padded input's shape.
 
-    The CPU and GPU kernels alike fold the padded gradient into a scratch tensor of the
-    input's shape before writing the output (none when nothing is padded: the input is
-    handed through). A REFLECT-padded generator's step measured 0.925 without it.
+    The kernel folds the padded gradient into a scratch tensor of the input's shape
+    before writing the output (none when nothing is padded: the input is handed
+    through). A REFLECT-padded generator's step measured 0.925 without it.
     """
+    p, port = graph.adjacency.data_in[i][0]
+    if sizes.shapes[p][port] == sizes.shapes[i][0]:
+        return 0
+    return max(sizes.nbytes[p][port], 0)
+
+
+#: Kernels whose CPU and GPU implementations alike hold a temporary while they run (no
+#: workspace a device may do without), and its bytes.
+_KERNEL_TEMPORARIES: dict[str, Callable[[Graph, Sizes, int], int]] = {
+    **dict.fromkeys(_XENT_OPS, _xent_bytes),
+    "Einsum": _einsum_bytes,
+    "MirrorPadGrad": _mirror_pad_grad_bytes,
+}
+
+
+def _kernel_temporaries(graph: Graph, ordering: Ordering, sizes: Sizes) -> list[Buffer]:
+    """The temporaries of :data:`_KERNEL_TEMPORARIES`, each alive during its op."""
     out = []
     needed = ordering.needed
     adj = graph.adjacency
-    for i in graph.of_types(("MirrorPadGrad",)):
-        if not needed[i] or not adj.data_in[i]:
-            continue
-        p, port = adj.data_in[i][0]
-        src, dst = sizes.shapes[p][port], sizes.shapes[i][0]
-        b = sizes.nbytes[p][port]
-        if b > 0 and src != dst:
-            out.append(_scratch(graph.ops[i].name, b, i, ordering))
+    for i in graph.of_types(tuple(_KERNEL_TEMPORARIES)):
+        op = graph.ops[i]
+        if needed[i] and adj.data_in[i] and op.outputs:
+            b = _KERNEL_TEMPORARIES[op.type](graph, sizes, i)
+            if b:
+                out.append(_scratch(op.name, b, i, ordering))
     return out
 
 
