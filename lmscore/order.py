@@ -728,10 +728,7 @@ def _gradient_structure(
     # gradient of the loss's reduction) lie outside its reach: such a constant is
     # dropped. A constant 1 of the backward pass (a mean over one element) is reached
     # from the seed entirely, and loses to it on reach.
-    below_of = {
-        s: _closure(graph, list(adj.consumers.get((s, 0), ())), cat, down=True, values=True)
-        for s in seeds
-    }
+    below_of = {s: _below(graph, s, cat) for s in seeds}
     # The loss is computed before its gradient, so the seed reaches none of the results
     # that it reaches: a constant 1 in the loss itself (Huber's delta) reaches the loss
     # the step returns and the gradients too, as the gradient reads what it computed.
@@ -749,7 +746,7 @@ def _gradient_structure(
     covers = {s: frozenset(k for k in backward_kernels if below_of[s][k]) for s in seeds}
     seeds = [s for s in seeds
              if not any(covers[s] < covers[t] for t in seeds if t not in in_loss)]
-    seeds = [s for s in seeds if not any(reached[t] < reached[s] for t in seeds)]
+    seeds = _computed_before_the_loss(seeds, reached)
     # What each candidate first meets: the values its own constant arithmetic is
     # combined with (a dropout's random numbers; the forward values the seed's consumers
     # read), not what ops further down read.
@@ -917,6 +914,25 @@ def _one_constants(
             out.append(i)
     return out
 
+
+def _below(graph: Graph, seed: int, cat: list[str | None]) -> list[bool]:
+    """What a candidate seed computes: the values its consumers lead to (shapes cut)."""
+    return _closure(graph, list(graph.adjacency.consumers.get((seed, 0), ())), cat,
+                    down=True, values=True)
+
+
+def _computed_before_the_loss(seeds: list[int], reached: dict[int, frozenset[int]]
+                              ) -> list[int]:
+    """``seeds`` without the constants 1 of the loss itself.
+
+    The loss is computed before its gradient: a constant of the loss reaches the loss
+    the step returns and the gradients, the seed only the gradients. ``reached`` maps a
+    candidate to the loss-like results (:func:`_loss_like_results`) it reaches; one that
+    reaches more of them than another candidate is dropped.
+    """
+    return [s for s in seeds if not any(reached[t] < reached[s] for t in seeds)]
+
+
 def _loss_like_results(graph: Graph) -> list[int]:
     """The step's results that may be its loss: floating-point values of rank 0.
 
@@ -950,12 +966,9 @@ def _find_seed(graph: Graph, topo: tuple[int, ...], cat: list[str | None]) -> in
     seeds = _one_constants(graph, topo, cat)[:64]
     results = _loss_like_results(graph)
     if len(seeds) > 1 and results:
-        reached = {}
-        for s in seeds:
-            below = _closure(graph, list(succs_of.get((s, 0), ())), cat, down=True,
-                             values=True)
-            reached[s] = frozenset(r for r in results if below[r])
-        seeds = [s for s in seeds if not any(reached[t] < reached[s] for t in seeds)]
+        below_of = {s: _below(graph, s, cat) for s in seeds}
+        seeds = _computed_before_the_loss(
+            seeds, {s: frozenset(r for r in results if below_of[s][r]) for s in seeds})
 
     def reach(s: int) -> int:
         seen = {s}
