@@ -106,7 +106,7 @@ def scheduled(graph: Graph, names: Sequence[str]) -> Graph:
     # (a plan's stored schedule may name them: it was saved before they left the chain)
     units = _units(graph, [n for n in names if not shape_arithmetic(graph, idx[n])])
     # each unit waits for the one before it, and for the shape reads left out before it
-    waits: list[list[str]] = [list(prev) for prev in [(), *units[:-1]]][:len(units)]
+    waits: list[list[str]] = [[], *map(list, units[:-1])] if units else []
     for unit, reader in _readers_left_out(graph, units):
         waits[unit].append(reader)
     for before, unit in zip(waits, units, strict=True):

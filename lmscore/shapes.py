@@ -872,7 +872,7 @@ def _int_values(
         elif len(v(len(ins) - 1)[1]) == 1 and len({len(s) for s, _ in parts}) == 1:
             # an axis of N-D values (a padding's [[before, after], ...] built column by
             # column: flattened, its values came out in the wrong places)
-            import numpy as np
+            import numpy as np  # (here only: `lms inspect` starts without numpy)
 
             axis = v(len(ins) - 1)[1][0]
             try:
@@ -1121,14 +1121,13 @@ def _shape_from_values(
         # row partition: a ROW_SPLITS vector has one more entry than rows (the dense
         # tensor took 33 rows for 32, and its gradient's mask the 2,048 flat values')
         dims = list(v(0))
-        kinds = op.attrs.get("row_partition_types", ())
-        splits = in_shape(3)
-        if dims and dims[0] == -1 and kinds and kinds[0] == "ROW_SPLITS" and splits \
-                and len(splits) == 1 and splits[0] > 0:
-            dims[0] = splits[0] - 1
-        elif dims and dims[0] == -1 and kinds and kinds[0] == "FIRST_DIM_SIZE" \
-                and v(3) is not None and len(v(3)) == 1:
-            dims[0] = v(3)[0]
+        kind = (*op.attrs.get("row_partition_types", ()), "")[0]
+        splits, first = in_shape(3), v(3)
+        if dims and dims[0] == -1:
+            if kind == "ROW_SPLITS" and splits and len(splits) == 1 and splits[0] > 0:
+                dims[0] = splits[0] - 1
+            elif kind == "FIRST_DIM_SIZE" and first is not None and len(first) == 1:
+                dims[0] = first[0]
         return tuple(dims) if -1 not in dims else None
     if t == "Einsum" and isinstance(op.attrs.get("equation"), str):
         shape = _einsum_shape(op.attrs["equation"], [in_shape(k) for k in range(len(ins))])
