@@ -59,6 +59,7 @@ from .shapes import (
     duplicated,
     function_body,
     loop_body,
+    optional_aliases,
     resolve,
     resolve_function,
     trip_count,
@@ -851,7 +852,7 @@ _WHILE_OPS = frozenset({"While", "StatelessWhile"})
 #: Op types :func:`_view_of` may find a view in (it answers None for all others).
 _VIEW_TYPES = ALIAS_OPS | _LIST_READS.keys() | _WHILE_OPS | _REDUCTIONS | {
     "Transpose", "StridedSlice", "Slice", "Split", "SplitV", "OptionalFromValue",
-    "OptionalGetValue", "Unpack", "BroadcastTo"}
+    "OptionalGetValue", "Unpack", "BroadcastTo"} | BRANCH_ATTRS.keys()
 #: Alignment a split's parts must keep to share its input's buffer: TensorFlow's
 #: ``EIGEN_MAX_ALIGN_BYTES``, 64 on AVX-512 builds (a coarser build shares more, never
 #: less, so the prediction holds on any machine).
@@ -889,6 +890,11 @@ def _view_of(graph: Graph, sizes: Sizes, i: int, port: int) -> tuple[int, int] |
             if sizes.nbytes[src[0]][src[1]] > 0:  # elements set in place in a full list
                 return src
         return None
+    if op.type in BRANCH_ATTRS:
+        if op.outputs[port].dtype != "variant":
+            return None
+        r = optional_aliases(graph, i, tuple(sizes.shapes[p][q] for p, q in ins[1:])).get(port)
+        return None if r is None else (i, r)  # an optional holding the conditional's result
     if op.type in ("Split", "SplitV"):
         return _split_part_of(sizes, ins, op.type == "Split", len(op.outputs))
     if op.type == "BroadcastTo":

@@ -756,6 +756,40 @@ def cond_mlp(batch=None):
     return cf, ("fwd/",)
 
 
+def switch_activation(batch=None):
+    """``tf.switch_case`` on a non-trainable variable choosing each layer's activation: the
+    gradient of ``relu``, ``elu`` and ``tanh`` reads the branch's own result, so the optional
+    the forward ``Case`` returns for its gradient holds the buffer of its other result."""
+    import tensorflow as tf
+
+    k = _keras()
+    k.utils.set_random_seed(977)
+    mode = tf.Variable(1, dtype=tf.int32, trainable=False)
+    ws = [tf.Variable(tf.random.normal(s, seed=j) * 0.05)
+          for j, s in enumerate([(128, 512), (512, 512), (512, 10)])]
+    opt = k.optimizers.SGD(0.1)
+    opt.build(ws)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            with tf.name_scope("fwd"):
+                h = x
+                for v in ws[:2]:
+                    h = h @ v
+                    h = tf.switch_case(mode.read_value(), [
+                        lambda h=h: tf.nn.relu(h), lambda h=h: tf.nn.elu(h),
+                        lambda h=h: tf.tanh(h)])
+                value = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    y, h @ ws[2]))
+                value = tf.identity(value, name="zoo_loss")
+        opt.apply_gradients(zip(tape.gradient(value, ws), ws, strict=True))
+        return value
+
+    cf = tf.function(step).get_concrete_function(*_specs(batch, (128,), ()))
+    cf.zoo_objects = (ws, mode, opt)  # the function holds them weakly
+    return cf, ("fwd/",)
+
+
 def mixed_precision_cnn(batch=None):
     k = _keras()
     k.utils.set_random_seed(14)
@@ -1124,6 +1158,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("seq2seq_attention", seq2seq_attention, 16, False),
     Entry("graph_network", graph_network, 8, False),
     Entry("cond_mlp", cond_mlp, 256, False),
+    Entry("switch_activation", switch_activation, 256, False),
     Entry("two_gradient_calls", two_gradient_calls, 8, False),
     Entry("dilated_conv1d", dilated_conv1d, 8, False),
     Entry("l2_clip_cnn", l2_clip_cnn, 16, True),
