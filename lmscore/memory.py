@@ -87,6 +87,9 @@ FORWARDING_OPS = frozenset({
     "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "SigmoidGrad", "TanhGrad",
     "SoftplusGrad", "SoftsignGrad", "LeakyReluGrad", "RsqrtGrad", "SqrtGrad",
     "ReciprocalGrad",
+    # fills: ``ZerosLikeOp`` and ``OnesLikeOp`` write into their input when they may (a
+    # ``tf.scan``'s initial state ``zeros_like(xs[0])`` keeps all of ``xs``)
+    "ZerosLike", "OnesLike",
 })
 
 _DEVICE, _HOST = 0, 1
@@ -733,6 +736,8 @@ def _buffers(
         if out_shape is None or -1 in out_shape:
             return None
         out_dtype = op.outputs[port].dtype
+        if out_dtype == "variant" and op_type in FORWARDING_OPS:
+            return None  # a list's zeros are a new list
         ins = data_in[i]
         n = len(ins)
         me = pos[i]

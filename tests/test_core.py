@@ -503,6 +503,35 @@ def test_a_reversed_slice_is_a_copy_and_a_broadcast_to_its_own_shape_a_view():
     assert "y:0" in shares_h("broadcast")  # h itself
 
 
+def test_zeros_like_of_a_first_row_keeps_the_whole_tensor():
+    """``tf.scan``'s initial state ``zeros_like(xs[0])``: ``ZerosLikeOp`` writes into the
+    row it reads, a view of ``xs``, so ``xs`` lives as long as the state (a scan RNN
+    measured 0.831 of its simulation with the zeros in a buffer of their own). A list's
+    zeros (``variant``) are a new list."""
+    f = "float"
+    i32 = "int32"
+
+    def const(name, *value):
+        return Op(name, "Const", outputs=t(i32, len(value)), attrs={"value": value})
+
+    g = Graph((
+        Op("x", "Placeholder", outputs=t(f, 16, 8, 64)),
+        Op("xs", "Relu", inputs=("x:0",), outputs=t(f, 16, 8, 64)),
+        const("b", 0), const("e", 1), const("s", 1),
+        Op("row", "StridedSlice", inputs=("xs:0", "b:0", "e:0", "s:0"), outputs=t(f, 8, 64),
+           attrs={"shrink_axis_mask": 1}),
+        Op("h0", "ZerosLike", inputs=("row:0",), outputs=t(f, 8, 64)),
+        Op("late", "Tanh", inputs=("h0:0",), outputs=t(f, 8, 64)),
+        Op("ls", "EmptyTensorList", outputs=t("variant")),
+        Op("z", "ZerosLike", inputs=("ls:0",), outputs=t("variant")),
+    ))
+    sim = simulate(g, 8)
+    xs = next(b for b in sim.buffers if b.tensor == "xs:0")
+    assert {"row:0", "h0:0"} <= set(xs.views)
+    assert xs.bytes == 16 * 8 * 64 * 4 and g.ops[xs.readers[-1]].name == "late"
+    assert not any("z:0" in b.views for b in sim.buffers)
+
+
 def test_a_mirror_pad_gradient_holds_a_padded_temporary():
     """``MirrorPadGrad`` folds the padded gradient in a temporary of its input's shape
     (CPU and GPU kernels alike) before writing its output; none where nothing is padded.

@@ -37,6 +37,18 @@ SMALL = [name for name in zoo.SMALL if name not in ("efficientnet_b0", "mobilene
 LARGE = ["efficientnet_b0", "mobilenet_v3_small", *(e.name for e in zoo.ENTRIES if e.large)]
 
 
+#: Sibling ops whose order oneDNN's layout pass draws anew in each session: it rebuilds the
+#: nodes it rewrites (``Einsum`` into its own kernel) in a depth-first order over hash sets,
+#: so two rewritten readers of one tensor run in either order (Eigen's kernels and a GPU
+#: keep the graph's order, which the simulation follows). In moe_topk the expert layer's
+#: input gradient frees its 2 MiB gathered weights; run second, they are held beside the
+#: weight gradient (measured 1.278x the prediction in some sessions of a whole test run).
+#: There the measured peak must be the simulated peak of the order with the pair swapped.
+ONEDNN_SIBLINGS: dict[str, tuple[str, str]] = {
+    "moe_topk": ("gradient_tape/fwd/einsum_1/Einsum", "gradient_tape/fwd/einsum_1/Einsum_1"),
+}
+
+
 def _check(name: str, batch: int | None = None) -> None:
     built = zoo.build(name)
     graph = lmscore.from_graphdef_bytes(built.graphdef, source=name)
@@ -45,7 +57,22 @@ def _check(name: str, batch: int | None = None) -> None:
     # The records tell which kernels ran; detection without running must agree.
     assert v.kernel_library == cpu_kernel_library()
     assert abs(v.replayed_ratio - 1) <= TOLERANCE, v
+    if v.ratio < 1 - TOLERANCE and v.kernel_library == "onednn" and name in ONEDNN_SIBLINGS:
+        assert abs(_swapped_peak(graph, v, ONEDNN_SIBLINGS[name]) / v.measured_peak_bytes
+                   - 1) <= TOLERANCE, v
+        return
     assert v.ratio >= 1 - TOLERANCE, v
+
+
+def _swapped_peak(graph, v, pair: tuple[str, str]) -> int:
+    """The simulated peak with the two ops of ``pair`` run in each other's place."""
+    from lmscore.memory import simulate
+    from lmscore.order import order
+
+    names = [graph.ops[i].name for i in order(graph).schedule]
+    a, b = names.index(pair[0]), names.index(pair[1])
+    names[a], names[b] = names[b], names[a]
+    return simulate(graph, v.batch_size, workspace=v.kernel_library, executed=names).peak_bytes
 
 
 #: Gaps whose size depends on the executor's order of independent ops in the measured
