@@ -29,6 +29,7 @@ never holds the lists it pops and the lists it fills all full together.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import math
@@ -221,8 +222,10 @@ class Simulation:
         How much more than ``peak_bytes`` the step may hold when the executor's threads
         let a while loop's early part (see :func:`simulate`) run its whole
         ``parallel_iterations`` window ahead while the loop runs, where the expected
-        course has it only a few iterations ahead. The peak is the expected course; a
-        budget must hold ``peak_bytes + race_bytes`` (:attr:`worst_peak_bytes`).
+        course has it only a few iterations ahead, or when a swapped tensor is freed only
+        after the op that waits for its swap-out has allocated (:func:`_release_races`).
+        The peak is the expected course; a budget must hold ``peak_bytes + race_bytes``
+        (:attr:`worst_peak_bytes`).
     """
 
     device_curve: tuple[int, ...]
@@ -567,6 +570,9 @@ def _simulate(
         buffers += _kernel_temporaries(graph, ordering, sizes)
     loops, credit, race = _loop_effects(graph, ordering, sizes, buffers, workspace, depth)
     buffers += loops
+    if workspace in RELEASE_RACE_LIBRARIES:
+        for pos, more in _release_races(graph, ordering, buffers).items():
+            race[pos] = race.get(pos, 0) + more
     branches, less = _branch_effects(graph, ordering, sizes, buffers, workspace, depth)
     buffers += branches
     for pos, c in less.items():
@@ -631,6 +637,70 @@ def _simulate(
         peak_position=peak_pos,
         race_bytes=max(worst - peak, 0),
     )
+
+
+#: How many device allocations after a swap-out its tensor may still be held through.
+RELEASE_RACE_ALLOCATIONS = 2
+#: The kernel libraries (workspaces) of the emulated accelerator, where the host takes
+#: the device's buffer over without a copy and the release race is counted.
+RELEASE_RACE_LIBRARIES = frozenset({"eigen", "onednn"})
+
+
+def release_hold(workspace: str) -> int:
+    """Allocations a swapped tensor may outlive its swap-out by, for ``workspace``'s runtime."""
+    if workspace == "cpu":
+        workspace = cpu_kernel_library()
+    return RELEASE_RACE_ALLOCATIONS if workspace in RELEASE_RACE_LIBRARIES else 0
+
+
+def held_through(allocating: Sequence[int], after: int,
+                 count: int = RELEASE_RACE_ALLOCATIONS) -> int:
+    """The last schedule position a buffer released after position ``after`` may live to.
+
+    ``allocating`` lists, sorted, the positions of the ops that allocate device memory.
+    TensorFlow drops the last reference to a swapped tensor's device buffer when the thread
+    that sent it to the host clears the send's input; the op that waits for the swap-out
+    may start first, on another thread (a kernel's own threads may hold the cores). On the
+    emulated accelerator the buffer outlived the waiting op and the next allocating one
+    (a reversed-sequence model: a 4 MiB buffer freed 2.5-4 ms after its copy, during the
+    ``Cumsum`` two ops later; a normalisation net's plan measured 1.079 of its device).
+    So it may be held through the next ``count`` allocations. On an accelerator the copy
+    itself outlasts that window (a GPU's send thread clears its input while the DMA runs),
+    so only the CPU kernels' emulation counts them (:data:`RELEASE_RACE_LIBRARIES`).
+
+    >>> held_through([3, 5, 9], 2), held_through([3, 5, 9], 5), held_through([3], 3)
+    (5, 9, 3)
+    >>> held_through([3, 5, 9], 2, count=0)
+    2
+    """
+    if count <= 0:
+        return after
+    k = bisect.bisect_right(allocating, after) + count - 1
+    if k < len(allocating):
+        return allocating[k]
+    return allocating[-1] if allocating and allocating[-1] > after else after
+
+
+def _release_races(graph: Graph, ordering: Ordering, buffers: list[Buffer]) -> dict[int, int]:
+    """What swapped tensors may still hold after their swap-outs (:func:`held_through`).
+
+    The expected curve keeps the usual course, the buffer freed once its swap-out ran;
+    "fits" also holds it through the next allocations (the race of
+    :attr:`Simulation.race_bytes`). By schedule position, the bytes.
+    """
+    ops = graph.ops
+    outs = {i for i, op in enumerate(ops) if op.attrs.get("_lms_role") == "swap_out"}
+    if not outs:
+        return {}
+    allocating = sorted({b.first for b in buffers
+                         if not b.host and not b.scratch and b.bytes > 0})
+    race: dict[int, int] = {}
+    for b in buffers:
+        if b.host or b.scratch or not b.bytes or not b.readers or b.readers[-1] not in outs:
+            continue
+        for q in range(b.last + 1, held_through(allocating, b.last) + 1):
+            race[q] = race.get(q, 0) + b.bytes
+    return race
 
 
 def _buffers(

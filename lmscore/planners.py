@@ -43,7 +43,7 @@ import numpy as np
 
 from .ir import Graph, split_tensor
 from .load import native_output_silenced
-from .memory import Simulation
+from .memory import Simulation, held_through
 from .order import Ordering, order
 from .plan import (
     DEFAULT_PREDICATES,
@@ -128,6 +128,7 @@ def options(
     max_gaps: int = MAX_GAPS,
     swappable: Sequence[Candidate] | None = None,
     made: dict | None = None,
+    hold: int = 0,
 ) -> tuple[Option, ...]:
     """The options of every large idle buffer of ``base`` (see the module docstring).
 
@@ -151,6 +152,9 @@ def options(
     made : dict, optional
         The options of each idle stretch made by an earlier call for the same step, filled
         in by this one: widening to :data:`WIDE_GAPS` then makes only the stretches it adds.
+    hold : int
+        Allocations after its last near reader through which a swapped buffer may stay on
+        the device (:func:`lmscore.memory.release_hold`): its swap frees it after them.
 
     Returns
     -------
@@ -170,6 +174,8 @@ def options(
             for t in (b.tensor, *b.views):
                 alive[t] = (b.first, b.last, b.tensor)
     smallest = max(1, int(MIN_FRACTION * base.transient_peak_bytes))
+    allocating = sorted({b.first for b in base.buffers
+                         if not b.host and not b.scratch and b.bytes > 0})
     out: list[Option] = []
     for b in base.buffers:
         if b.scratch or b.host or b.bytes < smallest or not b.readers:
@@ -187,7 +193,7 @@ def options(
             if opts is None:
                 opts = _buffer_options(graph, ordering, b, marks[k], marks[k + 1], readers,
                                        alive, by_tensor, elapsed, start, seconds,
-                                       link_bandwidth, kinds)
+                                       link_bandwidth, kinds, allocating, hold)
                 if made is not None:
                     made[key] = opts
             out.extend(opts)
@@ -195,7 +201,7 @@ def options(
 
 
 def _buffer_options(graph, ordering, b, p_a, p_b, readers, alive, swappable, elapsed, start,
-                    seconds, link_bandwidth, kinds) -> list[Option]:
+                    seconds, link_bandwidth, kinds, allocating, hold) -> list[Option]:
     """The options that free buffer ``b`` after position ``p_a`` until ``p_b``."""
     pos = ordering.position
     schedule = ordering.schedule
@@ -217,16 +223,19 @@ def _buffer_options(graph, ordering, b, p_a, p_b, readers, alive, swappable, ela
     if "swap" in kinds and tensor in swappable and set(far) <= set(
             swappable[tensor].far):
         move = b.bytes / link_bandwidth
+        held = held_through(allocating, int(p_a), hold)
         # the op after p_a waits for the swap-out, which starts when the producer ends
         stall_out = max(0.0, float(elapsed[pos[p]]) + move - float(start[p_a + 1]))
         triggers = {trigger_near(graph, ordering, tensor, far, schedule[lead])
                     for lead in _leads(start, p_a, p_b, move)}  # two leads may meet
         for trigger in sorted(triggers - {None}):
             t = pos[idx[trigger]]
-            if not p_a < t < p_b:
+            if not held < t < p_b:
                 continue
             stall_in = max(0.0, float(elapsed[t]) + move - float(start[p_b]))
-            out.append(Option(tensor, "swap", p_a + 1, t, b.bytes,
+            # TensorFlow may free the device buffer only after the next allocations
+            # (lmscore.memory.held_through, which "fits" counts)
+            out.append(Option(tensor, "swap", held + 1, t, b.bytes,
                               stall_out + stall_in, far, trigger, buffer=b.tensor))
     if "recompute" in kinds:
         chain = recompute_chain(graph, ordering, p, p_b, alive, {b.tensor}, MAX_CHAIN)

@@ -57,6 +57,7 @@ from .memory import (
     fit_margin,
     fits,
     host_memory_limit,
+    release_hold,
     simulate,
     transient_budget,
 )
@@ -971,7 +972,8 @@ def _solve_and_check(strategy, graph, batch, ctx, schedule, budget, memory, safe
     step = ctx.graph  # the original, or the original in ``schedule``'s order
     if ctx.options is None:  # the options of one kind do not depend on the other's
         ctx.options = options(step, ctx.sizes, ctx.base, ctx.seconds, ctx.link,
-                              swappable=ctx.swappable, made=ctx.stretches)
+                              swappable=ctx.swappable, made=ctx.stretches,
+                              hold=release_hold(workspace))
     opts = [o for o in ctx.options if o.kind in STRATEGIES[strategy]]
     live = _live(ctx, ctx.alloc, ctx.free)
     target = budget - ctx.base.race_bytes
@@ -991,7 +993,8 @@ def _solve_and_check(strategy, graph, batch, ctx, schedule, budget, memory, safe
             if ctx.wide_options is None:
                 ctx.wide_options = options(step, ctx.sizes, ctx.base, ctx.seconds,
                                            ctx.link, max_gaps=WIDE_GAPS,
-                                           swappable=ctx.swappable, made=ctx.stretches)
+                                           swappable=ctx.swappable, made=ctx.stretches,
+                                           hold=release_hold(workspace))
             opts = [o for o in ctx.wide_options if o.kind in STRATEGIES[strategy]]
             sol = solve(opts, live, target, host_limit=ctx.host_limit)
             ctx.evaluations += 1

@@ -320,6 +320,36 @@ def test_swap_out_release_is_the_op_right_after_the_last_reader(pin):
     assert simulate(new, 1).peak_bytes == 32 + 4000 + 32 + 32  # x, c, d, e: a is gone
 
 
+def test_a_swapped_tensor_may_outlive_its_swap_out_on_the_emulated_accelerator():
+    """The release race: the thread that handed ``a`` to the host may clear its reference
+    only after the op that waited for the swap-out (``c``) and the next allocating one
+    (``d``) have allocated. Under the CPU kernels' emulation "fits" holds ``a`` beside
+    them (``race_bytes``); on an accelerator the copy outlasts that window. The expected
+    curve is the same under both."""
+    from lmscore.memory import held_through, release_hold
+
+    big, small = t("float", 1, 1000), t("float", 1, 8)
+    g = Graph((
+        Op("x", "Placeholder", outputs=small),
+        Op("a", "MatMul", inputs=("x:0", "x:0"), outputs=big),
+        Op("c", "MatMul", inputs=("x:0", "x:0"), outputs=big),
+        Op("d", "MatMul", inputs=("c:0", "x:0"), outputs=small),
+        Op("e", "MatMul", inputs=("d:0", "x:0"), outputs=small),
+        Op("f", "MatMul", inputs=("e:0", "a:0"), outputs=small),
+    ), "release")
+    plan = Plan(fingerprint(g), swaps=(Swap("a:0", (SwapIn(("f",), "d"),)),))
+    new = rewrite(g, plan).graph
+    emulated, device = simulate(new, 1, workspace="eigen"), simulate(new, 1)
+    assert emulated.device_curve == device.device_curve
+    assert emulated.peak_bytes == device.peak_bytes == 32 + 4000 + 32 + 32
+    assert device.race_bytes == 0
+    # at d: x, c, d, and a not yet freed
+    assert emulated.worst_peak_bytes == 32 + 4000 + 32 + 4000
+    assert release_hold("eigen") == release_hold("onednn") == 2
+    assert release_hold("accelerator") == release_hold("none") == 0
+    assert held_through([2, 3, 4, 5], 1, 2) == 3 and held_through([2, 3, 4, 5], 1, 0) == 1
+
+
 def test_a_pinned_release_is_never_an_op_onednn_merges():
     """The release skips a bias gradient and its filter gradient (``Graph.siblings``).
 

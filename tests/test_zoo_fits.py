@@ -178,10 +178,12 @@ def test_plan_with_recomputes_fits_where_it_runs(name, batch, fraction, strategy
 #: gradient with its bias gradient; when a pinned order ran the global norm's ``L2Loss``
 #: of the bias gradient between the two and a swap-in for the filter gradient waited for
 #: it, the merged kernel waited for itself and TensorFlow ended the step without a loss
-#: ("Retval[0] does not have value", l2_clip_cnn at 60%).
+#: ("Retval[0] does not have value", l2_clip_cnn at 60%; at 85% now: on the emulated
+#: accelerator a swap frees its buffer only after the next two allocations, which no plan
+#: at 60-80% of this small CNN covers, lmscore.memory.release_hold).
 #: (l2_clip_cnn fits only under oneDNN's kernels, so it is measured here, not in CASES,
 #: which must mostly fit under both libraries.)
-USER_RUNTIME_CASES = [("l2_clip_cnn", 16, 0.6), ("unet2d", 4, 0.4), ("dilated_conv1d", 16, 0.4)]
+USER_RUNTIME_CASES = [("l2_clip_cnn", 16, 0.85), ("unet2d", 4, 0.4), ("dilated_conv1d", 16, 0.4)]
 
 
 @pytest.mark.parametrize("name, batch, fraction", USER_RUNTIME_CASES)
@@ -217,16 +219,15 @@ def test_plan_in_a_memory_aware_order_fits_where_it_runs() -> None:
 def test_a_swap_with_a_swap_in_per_idle_stretch_runs_as_simulated() -> None:
     """A tensor copied out once and in twice (lmscore.planners.decisions), measured.
 
-    The stochastic-depth CNN at 30% under oneDNN's kernels: the per-tensor planner frees
-    two residual sums over two idle stretches each. Its best plan misses the safety margin
-    by 0.1 MiB, so the tuner does not call it fitting; it is measured against B all the
-    same, and against its predicted saving.
+    The message-passing graph network at 35% (both kernel libraries): the per-tensor
+    planner frees a tensor over two idle stretches, a swap-in for each. (The
+    stochastic-depth CNN at 30% did this until a swap's buffer counted as held through the
+    next two allocations on the emulated accelerator; no plan covers that budget now.)
     """
-    g, device, result = _tuned("stochastic_depth_cnn", 16, 0.3)
-    if not any(len(s.swap_ins) > 1 for s in result.plan.swaps):
-        # Eigen's im2col buffers keep this budget out of reach of any plan
-        pytest.skip(result.message)
-    v = validate_plan(g, result.plan, 16, runs=3, grappler=False)
+    g, device, result = _tuned("graph_network", 64, 0.35)
+    assert result.fits, result.message
+    assert any(len(s.swap_ins) > 1 for s in result.plan.swaps)
+    v = validate_plan(g, result.plan, 64, runs=3, grappler=False)
     measured = v.measured_device_peak_bytes["rewritten"]
     assert measured <= device and v.saving_ratio >= 0.9, (measured, device, v.saving_ratio)
     assert v.max_abs_diff == 0.0
