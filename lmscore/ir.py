@@ -43,6 +43,13 @@ VARIABLE_OPS = frozenset({
 })
 #: Op types whose outputs are the caller's feeds.
 FEED_OPS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault", "_Arg"})
+#: Element-wise binary kernels that broadcast their inputs against each other (numpy's rule).
+BROADCAST_BINARY_OPS = frozenset({
+    "Add", "AddV2", "Sub", "Mul", "MulNoNan", "Div", "RealDiv", "DivNoNan", "FloorDiv",
+    "FloorMod", "TruncateDiv", "Maximum", "Minimum", "Pow", "SquaredDifference", "Atan2",
+    "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual", "LogicalAnd",
+    "LogicalOr",
+})
 #: Functional control flow and calls: each is one opaque op.
 FUNCTIONAL_OPS = frozenset({
     "While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",

@@ -42,6 +42,7 @@ from itertools import accumulate
 
 from .errors import ConfigError, GraphError
 from .ir import (
+    BROADCAST_BINARY_OPS,
     FEED_OPS,
     VARIABLE_OPS,
     Graph,
@@ -80,10 +81,7 @@ FORWARDING_OPS = frozenset({
     "Round", "Rint", "Relu", "Relu6", "Elu", "Selu", "Softplus", "Softsign", "LeakyRelu",
     "LogicalNot", "IsFinite", "Cast",
     # binary cwise
-    "Add", "AddV2", "Sub", "Mul", "MulNoNan", "Div", "RealDiv", "DivNoNan", "FloorDiv",
-    "FloorMod", "TruncateDiv", "Maximum", "Minimum", "Pow", "SquaredDifference",
-    "Atan2", "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual",
-    "LogicalAnd", "LogicalOr", "BiasAdd", "AddN", "Softmax", "LogSoftmax",
+    *BROADCAST_BINARY_OPS, "BiasAdd", "AddN", "Softmax", "LogSoftmax",
     # activation gradients
     "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "SigmoidGrad", "TanhGrad",
     "SoftplusGrad", "SoftsignGrad", "LeakyReluGrad", "RsqrtGrad", "SqrtGrad",
@@ -414,8 +412,9 @@ def cpu_scratch_bytes(
     the elements of one image's three matrices, *not* capped by the batch: a 16x16 layer
     at batch 8 gets a 22 MiB buffer. The input-gradient kernel uses one image instead when
     the batch is 1 or the per-thread work exceeds 256 KiB. No case is skipped: 1x1 filters
-    take the same path. 3-D kernels use one image at batch 1 (measured) and fall back to
-    Eigen's bufferless path when the buffer exceeds 25x the tensors involved.
+    take the same path. 3-D kernels use one image at batch 1 only (measured) and fall back
+    to Eigen's bufferless path when the buffer exceeds 25x the tensors involved (a 3-D
+    input gradient at batch 4 was given one image's buffer, 1.7 MB TensorFlow never took).
 
     Checked against TensorFlow 2.21's allocation records on every 2-D convolution gradient
     of the zoo and the samples (507 kernels, float32 and float16, exact to the byte).
@@ -443,6 +442,9 @@ def cpu_scratch_bytes(
     >>> cpu_scratch_bytes("Conv3DBackpropFilterV2", (3, 3, 3, 32, 16), (1, 64, 64, 64, 16),
     ...                   (1, 64, 64, 64, 32), 4)
     905969664
+    >>> cpu_scratch_bytes("Conv3DBackpropInputV2", (3, 3, 3, 16, 8), (4, 12, 12, 7, 8),
+    ...                   (4, 12, 12, 7, 16), 4, 2)
+    0
     """
     if op_type not in _CONV_SCRATCH or not (filter_shape and out_backprop and input_shape):
         return 0
@@ -458,7 +460,9 @@ def cpu_scratch_bytes(
     target = _TF_CPU_L3 // dtype_size
     three_d = op_type.startswith("Conv3D")
     if "Input" in op_type:
-        parallel = batch == 1 or work // max(threads, 1) >= _TF_CPU_L2 // dtype_size
+        # the 3-D kernel contracts in parallel only at batch 1 (``use_parallel_contraction``)
+        parallel = batch == 1 or (not three_d
+                                  and work // max(threads, 1) >= _TF_CPU_L2 // dtype_size)
         shard = 1 if parallel else -(-target // work)
     else:
         shard = 1 if three_d and batch == 1 else -(-target // work)
@@ -927,7 +931,7 @@ _WHILE_OPS = frozenset({"While", "StatelessWhile"})
 #: Op types :func:`_view_of` may find a view in (it answers None for all others).
 _VIEW_TYPES = ALIAS_OPS | _LIST_READS.keys() | _WHILE_OPS | _REDUCTIONS | {
     "Transpose", "StridedSlice", "Slice", "Split", "SplitV", "OptionalFromValue",
-    "OptionalGetValue", "Unpack", "BroadcastTo"} | BRANCH_ATTRS.keys()
+    "OptionalGetValue", "Unpack", "BroadcastTo", "Tile"} | BRANCH_ATTRS.keys()
 #: Alignment a split's parts must keep to share its input's buffer: TensorFlow's
 #: ``EIGEN_MAX_ALIGN_BYTES``, 64 on AVX-512 builds (a coarser build shares more, never
 #: less, so the prediction holds on any machine).
@@ -972,6 +976,11 @@ def _view_of(graph: Graph, sizes: Sizes, i: int, port: int) -> tuple[int, int] |
         return None if r is None else (i, r)  # an optional holding the conditional's result
     if op.type in ("Split", "SplitV"):
         return _split_part_of(sizes, ins, op.type == "Split", len(op.outputs))
+    if op.type == "Tile":
+        # every multiple 1: the kernel hands its input through (``TileOp``; keras.ops.repeat
+        # by 1 and UpSampling3D((2, 2, 1)) measured 1.500 and 1.066 counted as a copy)
+        multiples = sizes.values.get(ins[1]) if len(ins) > 1 else None
+        return ins[0] if multiples is not None and all(m == 1 for m in multiples) else None
     if op.type == "BroadcastTo":
         # to its own shape, the kernel hands its input through (``BroadcastToOp``): a
         # same-shape broadcast (keras.ops.take_along_axis) measured 1.189 counted a copy

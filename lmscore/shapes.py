@@ -31,7 +31,16 @@ from types import MappingProxyType
 from typing import Any
 
 from .errors import ConfigError, GraphError
-from .ir import FEED_OPS, VARIABLE_OPS, Graph, Op, TensorSpec, dtype_bytes, gc_paused
+from .ir import (
+    BROADCAST_BINARY_OPS,
+    FEED_OPS,
+    VARIABLE_OPS,
+    Graph,
+    Op,
+    TensorSpec,
+    dtype_bytes,
+    gc_paused,
+)
 from .order import FUSED_APPLIES, applied_gradient, order
 
 _ELEMENT_PRESERVING = frozenset({"Reshape", "Squeeze", "ExpandDims", "Bitcast", "Flatten"})
@@ -592,6 +601,16 @@ def _resolve_one(
             ax = axis[0] % len(dims)
             if dims[ax] == -1 and all(len(p) == len(dims) and p[ax] >= 0 for p in parts):
                 dims[ax] = sum(p[ax] for p in parts)
+    if op.type in BROADCAST_BINARY_OPS or op.type == "SelectV2":
+        # numpy's rule, aligned from the last axis: an input's 1 broadcasts (the gradient of
+        # a max over every axis compares a [1, 1] maximum with the [batch, n] input)
+        for j in range(len(dims)):
+            if dims[j] != -1:
+                continue
+            k = len(dims) - j
+            seen = [r[-k] for r, _ in ins if r is not None and len(r) >= k and r[-k] >= 0]
+            if seen:
+                dims[j] = max(seen)
     for j, d in enumerate(dims):
         if d != -1:
             continue

@@ -503,6 +503,33 @@ def test_a_reversed_slice_is_a_copy_and_a_broadcast_to_its_own_shape_a_view():
     assert "y:0" in shares_h("broadcast")  # h itself
 
 
+def test_a_broadcast_comparison_takes_the_larger_side_and_a_tile_by_ones_is_a_view():
+    """The gradient of a max over every axis compares the ``[1, 1]`` maximum with the
+    ``[batch, n]`` input: the result is ``[batch, n]`` (it was sized ``[1, n]`` from the
+    first input, 0.945 of measured and a plan 1.009 of its device). ``Tile`` by all ones
+    hands its input through (keras.ops.repeat by 1: 1.500 counted as a copy)."""
+    f = "float"
+    i32 = "int32"
+    g = Graph((
+        Op("x", "Placeholder", outputs=t(f, -1, 256)),
+        Op("h", "Relu", inputs=("x:0",), outputs=t(f, -1, 256)),
+        Op("m", "Max", inputs=("h:0", "axes:0"), outputs=t(f)),
+        Op("axes", "Const", outputs=t(i32, 2), attrs={"value": (0, 1)}),
+        Op("two", "Const", outputs=t(i32, 2), attrs={"value": (1, 1)}),
+        Op("m2", "Reshape", inputs=("m:0", "two:0"), outputs=t(f, -1, -1)),
+        Op("eq", "Equal", inputs=("m2:0", "h:0"), outputs=t("bool", -1, 256)),
+        Op("ones", "Const", outputs=t(i32, 2), attrs={"value": (1, 1)}),
+        Op("rep", "Tile", inputs=("h:0", "ones:0"), outputs=t(f, -1, 256)),
+        Op("out", "Select", inputs=("eq:0", "rep:0", "h:0"), outputs=t(f, -1, 256)),
+    ))
+    sizes = resolve(g, 64)
+    assert sizes.shapes[g.index["m2"]] == ((1, 1),)
+    assert sizes.shapes[g.index["eq"]] == ((64, 256),)
+    assert sizes.nbytes[g.index["eq"]] == (64 * 256,)
+    h = next(b for b in simulate(g, 64).buffers if b.tensor == "h:0")
+    assert "rep:0" in h.views
+
+
 def test_zeros_like_of_a_first_row_keeps_the_whole_tensor():
     """``tf.scan``'s initial state ``zeros_like(xs[0])``: ``ZerosLikeOp`` writes into the
     row it reads, a view of ``xs``, so ``xs`` lives as long as the state (a scan RNN
