@@ -562,16 +562,45 @@ def _list_pushes(gd: Any) -> dict[str, tuple[int, ...]]:
         args = {a.name: k for k, a in enumerate(f.signature.input_arg)}
         nodes = {n.name: n for n in f.node_def}
         aliases = []
+        # tensors every iteration passes on unchanged (a kernel read before the loop): a
+        # push of one references the same buffer each time
+        outs = [a.name for a in f.signature.output_arg]
+        pushed: set[str] = {
+            a.name for k, a in enumerate(f.signature.input_arg)
+            if k < len(outs) and _view_root(f.ret.get(outs[k], ""), nodes) == a.name}
         for n in f.node_def:
             if n.op != "TensorListPushBack" or len(n.input) < 2:
                 continue
             k = args.get(n.input[0])
             src = nodes.get(n.input[1].split(":")[0])
-            if k is not None and src is not None and src.op in _REFERENCES:
+            # or a view of such a tensor, or of one another accumulator holds already: a
+            # ConvLSTM pushes each step's input (an element of the input's list) and
+            # state once per gate convolution, each through its own ExpandDims (1.956
+            # of measured when each push counted as a new tensor)
+            root = _view_root(n.input[1], nodes)
+            base = nodes.get(root.split(":")[0])
+            if k is not None and (src is not None and src.op in _REFERENCES or root in pushed
+                                  or base is not None and base.op in _REFERENCES):
                 aliases.append(k)
+            pushed.add(root)
         if aliases:
             out[f.signature.name] = tuple(aliases)
     return out
+
+
+#: Ops of a function body whose output is a view of their first input.
+_BODY_VIEWS = frozenset({"Identity", "ExpandDims", "Reshape", "Squeeze", "Snapshot",
+                         "StopGradient", "EnsureShape", "PreventGradient"})
+
+
+def _view_root(ref: str, nodes: dict[str, Any]) -> str:
+    """The tensor of a function body that ``ref`` is a view of (itself if none)."""
+    for _ in range(64):
+        node = nodes.get(ref.split(":")[0])
+        if node is None or node.op not in _BODY_VIEWS or not node.input:
+            break
+        ref = node.input[0]
+    return ref
 
 
 def _small_int_tensor(t: Any) -> tuple[int | float, ...] | None:

@@ -756,6 +756,21 @@ def cond_mlp(batch=None):
     return cf, ("fwd/",)
 
 
+def convlstm_bidir(batch=None):
+    """A bidirectional ConvLSTM1D and a second ConvLSTM1D (Adam): each step's input and
+    state go through one ``ExpandDims`` per gate convolution into its own accumulator,
+    references to one buffer (counted once per accumulator: 1.585 of measured)."""
+    k = _keras()
+    k.utils.set_random_seed(1014)
+    layers = k.layers
+    m = k.Sequential([
+        k.Input((10, 32, 4)),
+        layers.Bidirectional(layers.ConvLSTM1D(8, 3, padding="same", return_sequences=True)),
+        layers.ConvLSTM1D(8, 3, padding="same"), layers.Flatten(), layers.Dense(6)],
+        name="clstm1d")
+    return _custom_step(m, _sparse_ce(), k.optimizers.Adam(1e-3), *_specs(batch, (10, 32, 4), ()))
+
+
 def switch_activation(batch=None):
     """``tf.switch_case`` on a non-trainable variable choosing each layer's activation: the
     gradient of ``relu``, ``elu`` and ``tanh`` reads the branch's own result, so the optional
@@ -1159,6 +1174,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("graph_network", graph_network, 8, False),
     Entry("cond_mlp", cond_mlp, 256, False),
     Entry("switch_activation", switch_activation, 256, False),
+    Entry("convlstm_bidir", convlstm_bidir, 8, False),
     Entry("two_gradient_calls", two_gradient_calls, 8, False),
     Entry("dilated_conv1d", dilated_conv1d, 8, False),
     Entry("l2_clip_cnn", l2_clip_cnn, 16, True),
