@@ -58,6 +58,7 @@ from .shapes import (
     LoopBody,
     Sizes,
     as_feed,
+    branch_functions,
     duplicated,
     function_body,
     loop_body,
@@ -972,7 +973,8 @@ def _view_of(graph: Graph, sizes: Sizes, i: int, port: int) -> tuple[int, int] |
     if op.type in BRANCH_ATTRS:
         if op.outputs[port].dtype != "variant":
             return None
-        r = optional_aliases(graph, i, tuple(sizes.shapes[p][q] for p, q in ins[1:])).get(port)
+        r = optional_aliases(graph, i, tuple(sizes.shapes[p][q] for p, q in ins[1:]),
+                             sizes.values.get(ins[0])).get(port)
         return None if r is None else (i, r)  # an optional holding the conditional's result
     if op.type in ("Split", "SplitV"):
         return _split_part_of(sizes, ins, op.type == "Split", len(op.outputs))
@@ -1379,12 +1381,11 @@ def _branch_effects(
                 if b is not None and b.last == p and of.count(b) == 1}
         held = frozenset(a for a, b in enumerate(of) if b is not None and a not in mine)
         peak = 0
-        for attr in BRANCH_ATTRS[op.type]:
-            for fname in op.attrs.get(attr, ()):
-                body = function_body(graph, fname, shapes)
-                if body is not None:
-                    peak = max(peak, _branch_peak(body, held, mine, sizes.batch_size,
-                                                  workspace, depth))
+        for fname in branch_functions(op, sizes.values.get(adj.data_in[i][0])):
+            body = function_body(graph, fname, shapes)
+            if body is not None:
+                peak = max(peak, _branch_peak(body, held, mine, sizes.batch_size,
+                                              workspace, depth))
         if not peak:
             continue
         more = peak - sum(mine.values()) - sum(max(b, 0) for b in sizes.nbytes[i])
