@@ -878,6 +878,11 @@ def _prepare(gdef: graph_pb2.GraphDef, devices: int, seed: int) -> None:
                     count += 1
                     node.attr["seed"].i = seed + 1
                     node.attr["seed2"].i = count
+                    if "deterministic" in node.attr:
+                        # seeded, a fractional pool must say so (its kernel refuses seeds
+                        # otherwise: "Both seed and seed2 should be 0 if deterministic is
+                        # false"); its draws are then fixed, as every other random op's
+                        node.attr["deterministic"].b = True
 
 
 def _session_config(

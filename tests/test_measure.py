@@ -130,6 +130,20 @@ def test_nan_run_is_visible():
     assert np.isnan(result.losses[-1])
 
 
+def test_an_unseeded_fractional_pool_runs_seeded_and_repeatable():
+    """Random ops get fixed seeds for repeatable runs; a fractional pool also takes
+    ``deterministic`` then (seeded without it, its kernel refuses to run)."""
+    @tf.function
+    def step(x):
+        y, _, _ = tf.nn.fractional_max_pool(x, [1.0, 1.5, 1.5, 1.0])
+        return tf.reduce_sum(y)
+
+    gdef = step.get_concrete_function(tf.TensorSpec([None, 8, 8, 2])).graph.as_graph_def(
+        add_shapes=True).SerializeToString()
+    first, second = measure(gdef, 2), measure(gdef, 2)
+    assert first.finite and first.losses == second.losses
+
+
 def _embedding_graph():
     """Token ids into a Keras Embedding (GatherV2) and a gathered variable (ResourceGather)."""
     keras.utils.set_random_seed(0)
