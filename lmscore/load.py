@@ -498,6 +498,12 @@ def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None,
                     tuple([d.size for d in a.shape.dim[:]]) if key == "shape"
                     else _DTYPE_NAMES.get(a.type)
                 )
+        if "_handle_shapes" in present and "_handle_dtypes" in present:
+            # a captured variable's own shape and dtype (lmscore.tfgraph records them)
+            shapes, types = attr["_handle_shapes"].list.shape, attr["_handle_dtypes"].list.type
+            if len(shapes) == 1 == len(types) and not shapes[0].unknown_rank:
+                out["handle_shape"] = tuple([d.size for d in shapes[0].dim[:]])
+                out["handle_dtype"] = _DTYPE_NAMES.get(types[0])
     if present.isdisjoint(_OTHER_ATTRS):
         return out
     if "element_dtype" in present:

@@ -502,6 +502,15 @@ def _variable_info(
             shape = _dims(candidate)
     if shape is None and partial is not None and all(d >= 0 for d in partial):
         shape = _dims(partial)
+    node = scope.nodes.get(name)
+    if node is not None and (shape is None or dtype is None) and "_handle_shapes" in node.attr:
+        # what the exporter recorded of the variable itself (lmscore.tfgraph)
+        shapes, types = node.attr["_handle_shapes"].list.shape, node.attr["_handle_dtypes"]
+        if len(shapes) == 1 and not shapes[0].unknown_rank and all(
+                d.size >= 0 for d in shapes[0].dim):
+            shape = shape or tuple(d.size for d in shapes[0].dim)
+            if dtype is None and len(types.list.type) == 1:
+                dtype = tf.as_dtype(types.list.type[0])
     return dtype, shape, non_negative, used
 
 
@@ -781,10 +790,18 @@ def _collect(gdef: graph_pb2.GraphDef, batch_size: int) -> _Plan:
         dtype, shape, reaches_root, used = infos[node.name]
         if not used:
             continue
-        if dtype is None:
-            raise RunError(f"variable placeholder '{node.name}': no consumer tells its dtype")
-        if shape is None:
-            raise RunError(f"variable placeholder '{node.name}': no consumer tells its full shape")
+        if dtype is None or shape is None:
+            readers = sorted({n.op for n in gdef.node
+                              if any(i.split(":")[0] == node.name for i in n.input)})
+            if any("Table" in r for r in readers):
+                raise RunError(
+                    f"resource placeholder '{node.name}' is a lookup table's handle (read by "
+                    f"{', '.join(readers)}): validation cannot rebuild a table filled before "
+                    "the step (inspect and tune do not need it)")
+            what = "dtype" if dtype is None else "full shape"
+            raise RunError(f"variable placeholder '{node.name}': no consumer tells its {what} "
+                           f"(read by {', '.join(readers) or 'nothing'}), so validation cannot "
+                           "make the variable")
         state = node.name not in forward
         device = f"CPU:{_device_index(node.device)}"
         variables.append(_Var(node.name, dtype, shape, device, reaches_root or state, state))

@@ -707,6 +707,10 @@ def _variable_bytes(
                     f"{graph.source}: variable {op.name!r} has an invalid shape {list(shape)}"
                     + (f" ({declared} bytes)" if declared > _MAX_BYTES else "")
                 )
+        elif resource and op.attrs.get("handle_dtype") and -1 not in op.attrs.get(
+                "handle_shape", (-1,)):
+            # a captured variable's placeholder, with what the exporter recorded of it
+            declared = _bytes(op.attrs["handle_shape"], op.attrs["handle_dtype"])
         else:  # reference variables carry their shape on the output
             declared = -1 if resource or not op.outputs else nbytes[i][0]
         if declared >= 0:

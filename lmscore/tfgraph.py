@@ -147,7 +147,32 @@ def graphdef_from_concrete_function(cf: tf.types.experimental.ConcreteFunction) 
         raise TypeError(f"expected a ConcreteFunction, got {type(cf).__name__}")
     graph_def = cf.graph.as_graph_def(add_shapes=True)
     _add_missing_output_shapes(graph_def)
+    _add_variable_shapes(cf, graph_def)
     return graph_def.SerializeToString(deterministic=True)
+
+
+def _add_variable_shapes(cf: Any, graph_def: Any) -> None:
+    """Give each captured variable's placeholder its dtype and shape.
+
+    As ``_handle_dtypes`` and ``_handle_shapes``, the attributes TensorFlow gives a
+    function's resource arguments. A variable read only by a gather and updated by a
+    scatter (an embedding table under a sparse optimizer) tells its rows' shape but not
+    how many rows it has: validation could not make it.
+    """
+    handles = {id(v.handle): v for v in cf.graph.variables if hasattr(v, "handle")}
+    by_name = {}
+    for external, internal in cf.graph.captures:
+        v = handles.get(id(external))
+        if v is not None and v.shape.is_fully_defined():
+            by_name[internal.op.name] = v
+    for node in graph_def.node:
+        v = by_name.get(node.name)
+        if v is None or node.op != "Placeholder" or "_handle_shapes" in node.attr:
+            continue
+        node.attr["_handle_dtypes"].list.type.append(v.dtype.as_datatype_enum)
+        shape = node.attr["_handle_shapes"].list.shape.add()
+        for d in v.shape.as_list():
+            shape.dim.add().size = d
 
 
 def graphdef_from_keras(
