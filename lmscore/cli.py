@@ -915,8 +915,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     print(f"{graph.source}  (batch size {batch}, {args.device} {format_bytes(budget)}, "
           f"{args.link}, safety {args.safety})")
     print(f"  {result.message}")
-    print(f"  budget for the step  {format_bytes(result.budget_bytes)} "
-          f"(after {format_bytes(result.persistent_bytes)} persistent)")
+    if result.budget_bytes > 0:
+        print(f"  budget for the step  {format_bytes(result.budget_bytes)} "
+              f"(after {format_bytes(result.persistent_bytes)} persistent)")
+    else:
+        print(f"  budget for the step  none: the {format_bytes(result.persistent_bytes)} of "
+              "persistent memory (variables, constants) alone exceed the usable device")
     if report["unknown_size_tensors"]:
         # a plan that fits here may not fit there: those tensors are not in the sums
         print(_unknown_line(report["unknown_size_tensors"], report["unknown_size_examples"],

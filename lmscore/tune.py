@@ -1066,6 +1066,23 @@ _NO_PLAN = {
 }
 
 
+def _bound_note(min_peak: int, bound: str, usable: int) -> str:
+    """What the one-op bound says of a refusal: that op stops every plan, or it does not.
+
+    >>> _bound_note(5 << 20, "conv", 4 << 20)
+    "; no plan gets below 5.00 MiB (op 'conv')"
+    >>> _bound_note(3 << 20, "conv", 4 << 20)[:62]
+    '; no single op stops it (the largest, conv, needs 3.00 MiB wit'
+    """
+    from .units import format_bytes
+
+    if min_peak > usable:
+        return f"; no plan gets below {format_bytes(min_peak)} (op {bound!r})"
+    return (f"; no single op stops it (the largest, {bound}, needs {format_bytes(min_peak)} "
+            "with persistent memory): the tensors alive together around some op cannot all "
+            "be freed there")
+
+
 def _result(graph, batch, plan, fitted, budget, memory, base, sim, base_seconds, seconds,
             strategy, ctx, min_peak, bound, knobs, workspace, reason: str = "") -> TuneResult:
     from .units import format_bytes
@@ -1119,13 +1136,16 @@ def _result(graph, batch, plan, fitted, budget, memory, base, sim, base_seconds,
         message = _NO_PLAN[reason].format(
             options=options, budget=format_bytes(budget),
             persistent=format_bytes(base.persistent_bytes),
-        ) + f"; no plan gets below {format_bytes(min_peak)} (op {bound!r})"
+        ) + _bound_note(min_peak, bound, budget + base.persistent_bytes)
         if strategy in ("swap", "recompute"):
             message += "; the hybrid strategy (the default) takes both kinds of option"
     else:
+        race = (f", {format_bytes(sim.worst_peak_bytes)} when a loop runs ahead or a "
+                "swapped tensor outlives its copy" if sim.race_bytes else "")
         message = (f"does not fit: the smallest peak found is {format_bytes(sim.peak_bytes)}"
-                   f" (budget {format_bytes(budget)} + {format_bytes(base.persistent_bytes)} "
-                   f"persistent); no plan gets below {format_bytes(min_peak)} (op {bound!r})")
+                   f"{race} (budget {format_bytes(budget)} + "
+                   f"{format_bytes(base.persistent_bytes)} persistent)"
+                   + _bound_note(min_peak, bound, budget + base.persistent_bytes))
     del graph
     # what the plan was made for: lms validate --plan measures the step against it
     plan = replace(plan, params={**plan.params, "device_bytes": int(memory),
