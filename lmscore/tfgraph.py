@@ -159,7 +159,11 @@ def _add_variable_shapes(cf: Any, graph_def: Any) -> None:
     scatter (an embedding table under a sparse optimizer) tells its rows' shape but not
     how many rows it has: validation could not make it.
     """
-    handles = {id(v.handle): v for v in cf.graph.variables if hasattr(v, "handle")}
+    try:
+        held = cf.graph.variables
+    except AssertionError:  # a variable the caller no longer holds: its shape is unknown
+        return
+    handles = {id(v.handle): v for v in held if hasattr(v, "handle")}
     by_name = {}
     for external, internal in cf.graph.captures:
         v = handles.get(id(external))
