@@ -166,7 +166,7 @@ def test_a_table_only_gathered_and_scattered_is_made_from_the_exported_shape():
         with tf.GradientTape() as tape:
             logit = tf.gather(table, ids) @ head
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(y, logit[:, 0]))
-        opt.apply_gradients(zip(tape.gradient(loss, [table, head]), [table, head]))
+        opt.apply_gradients(zip(tape.gradient(loss, [table, head]), [table, head], strict=True))
         return loss
 
     cf = step.get_concrete_function(tf.TensorSpec([None], tf.int32),

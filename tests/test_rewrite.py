@@ -291,6 +291,19 @@ def test_swap_out_release_ignores_readers_the_step_prunes(pin):
                for op in new.ops if op.name not in ("c", "lms/swapin_a_0_0"))
 
 
+def _release_graph() -> Graph:
+    """``a`` (4000 B) read only by ``f``, late; ``c`` (4000 B) needs neither."""
+    big, small = t("float", 1, 1000), t("float", 1, 8)
+    return Graph((
+        Op("x", "Placeholder", outputs=small),
+        Op("a", "MatMul", inputs=("x:0", "x:0"), outputs=big),
+        Op("c", "MatMul", inputs=("x:0", "x:0"), outputs=big),
+        Op("d", "MatMul", inputs=("c:0", "x:0"), outputs=small),
+        Op("e", "MatMul", inputs=("d:0", "x:0"), outputs=small),
+        Op("f", "MatMul", inputs=("e:0", "a:0"), outputs=small),
+    ), "release")
+
+
 @pytest.mark.parametrize("pin", [False, True])
 def test_swap_out_release_is_the_op_right_after_the_last_reader(pin):
     """The op after the swapped tensor's last reader waits for the copy, even one the
@@ -300,15 +313,7 @@ def test_swap_out_release_is_the_op_right_after_the_last_reader(pin):
     ends, ``c`` and the swap-out are both ready and the executor starts ``c`` first:
     released at the op after the swap-out (``d``), ``a`` and ``c`` were both on the device.
     """
-    big, small = t("float", 1, 1000), t("float", 1, 8)
-    g = Graph((
-        Op("x", "Placeholder", outputs=small),
-        Op("a", "MatMul", inputs=("x:0", "x:0"), outputs=big),
-        Op("c", "MatMul", inputs=("x:0", "x:0"), outputs=big),
-        Op("d", "MatMul", inputs=("c:0", "x:0"), outputs=small),
-        Op("e", "MatMul", inputs=("d:0", "x:0"), outputs=small),
-        Op("f", "MatMul", inputs=("e:0", "a:0"), outputs=small),
-    ), "release")
+    g = _release_graph()
     assert simulate(g, 1).peak_bytes == 32 + 4000 + 4000 + 32  # x, a, c, d
     plan = Plan(fingerprint(g), swaps=(Swap("a:0", (SwapIn(("f",), "d"),)),),
                 pin_schedule=pin)
@@ -328,15 +333,7 @@ def test_a_swapped_tensor_may_outlive_its_swap_out_on_the_emulated_accelerator()
     curve is the same under both."""
     from lmscore.memory import held_through, release_hold
 
-    big, small = t("float", 1, 1000), t("float", 1, 8)
-    g = Graph((
-        Op("x", "Placeholder", outputs=small),
-        Op("a", "MatMul", inputs=("x:0", "x:0"), outputs=big),
-        Op("c", "MatMul", inputs=("x:0", "x:0"), outputs=big),
-        Op("d", "MatMul", inputs=("c:0", "x:0"), outputs=small),
-        Op("e", "MatMul", inputs=("d:0", "x:0"), outputs=small),
-        Op("f", "MatMul", inputs=("e:0", "a:0"), outputs=small),
-    ), "release")
+    g = _release_graph()
     plan = Plan(fingerprint(g), swaps=(Swap("a:0", (SwapIn(("f",), "d"),)),))
     new = rewrite(g, plan).graph
     emulated, device = simulate(new, 1, workspace="eigen"), simulate(new, 1)
