@@ -658,6 +658,11 @@ def release_hold(workspace: str) -> int:
     return RELEASE_RACE_ALLOCATIONS if workspace in RELEASE_RACE_LIBRARIES else 0
 
 
+def allocating_positions(buffers: Sequence[Buffer]) -> list[int]:
+    """The schedule positions, sorted, of the ops that allocate device memory."""
+    return sorted({b.first for b in buffers if not b.host and not b.scratch and b.bytes > 0})
+
+
 def held_through(allocating: Sequence[int], after: int,
                  count: int = RELEASE_RACE_ALLOCATIONS) -> int:
     """The last schedule position a buffer released after position ``after`` may live to.
@@ -697,8 +702,7 @@ def _release_races(graph: Graph, ordering: Ordering, buffers: list[Buffer]) -> d
     outs = {i for i, op in enumerate(ops) if op.attrs.get("_lms_role") == "swap_out"}
     if not outs:
         return {}
-    allocating = sorted({b.first for b in buffers
-                         if not b.host and not b.scratch and b.bytes > 0})
+    allocating = allocating_positions(buffers)
     race: dict[int, int] = {}
     for b in buffers:
         if b.host or b.scratch or not b.bytes or not b.readers or b.readers[-1] not in outs:

@@ -43,7 +43,7 @@ import numpy as np
 
 from .ir import Graph, split_tensor
 from .load import native_output_silenced
-from .memory import Simulation, held_through
+from .memory import Simulation, allocating_positions, held_through
 from .order import Ordering, order
 from .plan import (
     DEFAULT_PREDICATES,
@@ -174,8 +174,7 @@ def options(
             for t in (b.tensor, *b.views):
                 alive[t] = (b.first, b.last, b.tensor)
     smallest = max(1, int(MIN_FRACTION * base.transient_peak_bytes))
-    allocating = sorted({b.first for b in base.buffers
-                         if not b.host and not b.scratch and b.bytes > 0})
+    allocating = allocating_positions(base.buffers)
     out: list[Option] = []
     for b in base.buffers:
         if b.scratch or b.host or b.bytes < smallest or not b.readers:
