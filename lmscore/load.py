@@ -498,12 +498,9 @@ def _small_attrs(node: Any, pushes: dict[str, tuple[int, ...]] | None = None,
                     tuple([d.size for d in a.shape.dim[:]]) if key == "shape"
                     else _DTYPE_NAMES.get(a.type)
                 )
-        if "_handle_shapes" in present and "_handle_dtypes" in present:
-            # a captured variable's own shape and dtype (lmscore.tfgraph records them)
-            shapes, types = attr["_handle_shapes"].list.shape, attr["_handle_dtypes"].list.type
-            if len(shapes) == 1 == len(types) and not shapes[0].unknown_rank:
-                out["handle_shape"] = tuple([d.size for d in shapes[0].dim[:]])
-                out["handle_dtype"] = _DTYPE_NAMES.get(types[0])
+        handle = handle_spec(attr)
+        if handle is not None:
+            out["handle_shape"], out["handle_dtype"] = handle[0], _DTYPE_NAMES.get(handle[1])
     if present.isdisjoint(_OTHER_ATTRS):
         return out
     if "element_dtype" in present:
@@ -607,6 +604,21 @@ def _view_root(ref: str, nodes: dict[str, Any]) -> str:
             break
         ref = node.input[0]
     return ref
+
+
+def handle_spec(attr: Any) -> tuple[tuple[int, ...], int] | None:
+    """The shape and dtype enum a resource placeholder's node records of its variable.
+
+    ``attr`` is the node's attribute map; :mod:`lmscore.tfgraph` writes them as
+    ``_handle_shapes`` and ``_handle_dtypes``. None unless both tell one known shape.
+    """
+    if "_handle_shapes" not in attr or "_handle_dtypes" not in attr:
+        return None
+    shapes, types = attr["_handle_shapes"].list.shape, attr["_handle_dtypes"].list.type
+    if len(shapes) != 1 or len(types) != 1 or shapes[0].unknown_rank:
+        return None
+    dims = tuple([d.size for d in shapes[0].dim[:]])
+    return (dims, types[0]) if all(d >= 0 for d in dims) else None
 
 
 def _small_int_tensor(t: Any) -> tuple[int | float, ...] | None:

@@ -102,6 +102,7 @@ from tensorflow.python.framework import op_def_registry
 
 from lmscore.errors import ConfigError, GraphError, RunError
 from lmscore.ir import gradient_input, split_tensor
+from lmscore.load import handle_spec
 from lmscore.order import FUSED_APPLIES, OUTPUT_OPS
 from lmscore.shapes import BRANCH_ATTRS
 from lmscore.timeline import live_curve
@@ -503,14 +504,10 @@ def _variable_info(
     if shape is None and partial is not None and all(d >= 0 for d in partial):
         shape = _dims(partial)
     node = scope.nodes.get(name)
-    if node is not None and (shape is None or dtype is None) and "_handle_shapes" in node.attr:
-        # what the exporter recorded of the variable itself (lmscore.tfgraph)
-        shapes, types = node.attr["_handle_shapes"].list.shape, node.attr["_handle_dtypes"]
-        if len(shapes) == 1 and not shapes[0].unknown_rank and all(
-                d.size >= 0 for d in shapes[0].dim):
-            shape = shape or tuple(d.size for d in shapes[0].dim)
-            if dtype is None and len(types.list.type) == 1:
-                dtype = tf.as_dtype(types.list.type[0])
+    handle = handle_spec(node.attr) if node is not None else None
+    if handle is not None:  # what the exporter recorded of the variable itself
+        shape = shape or handle[0]
+        dtype = dtype or tf.as_dtype(handle[1])
     return dtype, shape, non_negative, used
 
 

@@ -698,8 +698,7 @@ def _release_races(graph: Graph, ordering: Ordering, buffers: list[Buffer]) -> d
     "fits" also holds it through the next allocations (the race of
     :attr:`Simulation.race_bytes`). By schedule position, the bytes.
     """
-    ops = graph.ops
-    outs = {i for i, op in enumerate(ops) if op.attrs.get("_lms_role") == "swap_out"}
+    outs = {b.producer for b in buffers if b.host}  # the swap-outs' host copies
     if not outs:
         return {}
     allocating = allocating_positions(buffers)

@@ -970,10 +970,10 @@ def _solve_and_check(strategy, graph, batch, ctx, schedule, budget, memory, safe
     """
     report(0.1, "options per tensor")
     step = ctx.graph  # the original, or the original in ``schedule``'s order
+    hold = release_hold(workspace)
     if ctx.options is None:  # the options of one kind do not depend on the other's
         ctx.options = options(step, ctx.sizes, ctx.base, ctx.seconds, ctx.link,
-                              swappable=ctx.swappable, made=ctx.stretches,
-                              hold=release_hold(workspace))
+                              swappable=ctx.swappable, made=ctx.stretches, hold=hold)
     opts = [o for o in ctx.options if o.kind in STRATEGIES[strategy]]
     live = _live(ctx, ctx.alloc, ctx.free)
     target = budget - ctx.base.race_bytes
@@ -994,7 +994,7 @@ def _solve_and_check(strategy, graph, batch, ctx, schedule, budget, memory, safe
                 ctx.wide_options = options(step, ctx.sizes, ctx.base, ctx.seconds,
                                            ctx.link, max_gaps=WIDE_GAPS,
                                            swappable=ctx.swappable, made=ctx.stretches,
-                                           hold=release_hold(workspace))
+                                           hold=hold)
             opts = [o for o in ctx.wide_options if o.kind in STRATEGIES[strategy]]
             sol = solve(opts, live, target, host_limit=ctx.host_limit)
             ctx.evaluations += 1
