@@ -34,6 +34,7 @@ in full, and a fit is only ever claimed when that full simulation shows it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import inspect
@@ -41,9 +42,11 @@ import math
 import os
 import pickle
 import statistics
+import threading
 import time
 from bisect import bisect_right
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypeVar
 
@@ -673,7 +676,13 @@ def _tune(graph, batch_size, budget_bytes, *, device, link, safety, strategy, wo
         swap = _per_tensor("swap", *args)
         if swap.fits:
             return swap
-    per = _per_tensor(strategy, *args)
+    if strategy == "recompute" or first_fit:
+        per, choice = _per_tensor(strategy, *args), None
+    else:
+        # the knobs' plans are asked for below whatever the MILP answers: their search
+        # runs while HiGHS solves it
+        with _knobs_beside(ctx, budget, stop) as choice:
+            per = _per_tensor(strategy, *args)
     if strategy == "recompute" and not per.fits:
         return _checkpointed(*args) or per
     if strategy == "recompute" or (first_fit and per.fits):
@@ -682,7 +691,8 @@ def _tune(graph, batch_size, budget_bytes, *, device, link, safety, strategy, wo
     # swap as of hybrid (they are swaps only). The MILP costs each swap as if it had the
     # link alone: over PCIe 3 its swaps of ResNet-50 at batch 128 (60% budget) moved less
     # than the knobs' and cost 84.6% where the knobs' cost 70.8%, BERT's 69.3% to 46.4%.
-    knob = _knob_search("knobs", *args, beat=per.predicted_step_seconds if per.fits else None)
+    knob = _knob_search("knobs", *args, beat=per.predicted_step_seconds if per.fits else None,
+                        choice=choice)
     if first_fit and knob is not None and knob.fits:
         return replace(knob, strategy=strategy, evaluations=ctx.evaluations)
     best = _best((per,) if knob is None else (per, knob))
@@ -702,6 +712,32 @@ def _tune(graph, batch_size, budget_bytes, *, device, link, safety, strategy, wo
     if not best.fits:
         best = _checkpointed(*args) or best
     return replace(best, strategy="hybrid", evaluations=ctx.evaluations)
+
+
+@contextlib.contextmanager
+def _knobs_beside(ctx: _Context, budget: int, stop: Callable[[], bool]):
+    """:func:`_knob_choice` of ``knobs`` on a thread of its own, while the caller plans.
+
+    Yields its future, answered when the block is left. The search is Python and HiGHS
+    releases the GIL while it solves, so the two overlap: on the 28,608-op DenseNet near
+    its largest batch over PCIe 3, a 0.9 s search beside a 2.9 s MILP. The search shares
+    ``ctx``'s caches (each entry is computed the same by either thread) but counts its
+    evaluations apart, added to ``ctx``'s at the end; it reports no progress (the caller's
+    bar follows the MILP). Leaving the block by an exception stops the search.
+    """
+    side = replace(ctx, evaluations=0)
+    left = threading.Event()
+    with ThreadPoolExecutor(1, thread_name_prefix="lms-knobs") as pool:
+        future = pool.submit(_knob_choice, "knobs", side, budget, lambda f, m: None,
+                             lambda: left.is_set() or stop())
+        try:
+            yield future
+        except BaseException:
+            left.set()
+            raise
+        finally:
+            future.exception()  # waits for it, whatever happened
+            ctx.evaluations += side.evaluations
 
 
 def _checkpointed(graph, batch, ctx, budget, memory, safety, workspace, min_peak, bound,
@@ -762,11 +798,38 @@ def _costs_more_than_solved(best: TuneResult, per: TuneResult, base_seconds: flo
 
 def _knob_search(strategy, graph, batch_size, ctx, budget, memory, safety, workspace,
                  min_peak, bound, base_seconds, report, stop,
-                 beat: float | None = None) -> TuneResult | None:
+                 beat: float | None = None, choice: Future | None = None) -> TuneResult | None:
     """The TFLMS knob searches: ``tflms`` on memory alone, ``knobs`` with the time model.
 
     With ``beat`` (the step seconds of a plan that fits, already in hand), a ``knobs``
-    plan whose time-model estimate is not below it is not verified: None.
+    plan whose time-model estimate is not below it is not verified: None. ``choice``:
+    :func:`_knob_choice`'s answer, computed beside a MILP (:func:`_knobs_beside`).
+    """
+    chosen = (_knob_choice(strategy, ctx, budget, report, stop) if choice is None
+              else choice.result())
+    if chosen is None:
+        empty = Plan(fingerprint(graph), params={"strategy": strategy})
+        return _result(graph, batch_size, empty, False, budget, memory, ctx.base, ctx.base,
+                       base_seconds, base_seconds, strategy, ctx, min_peak, bound, {},
+                       workspace, reason="search")
+    knobs, swaps = chosen
+    # The full simulation is the costly part (about a third of a ResNet-50 tune). A
+    # verified plan is timed by this same model, on these swaps or, when they do not fit
+    # in full, on smaller groups, later swap-ins or more swaps.
+    if (strategy == "knobs" and beat is not None
+            and _evaluate(ctx, swaps, knobs["sync_mode"]).seconds >= beat):
+        return None
+    report(0.9, "verifying the plan with the full simulation")
+    return _verify(graph, batch_size, swaps, knobs, budget, memory, ctx.base, base_seconds,
+                   strategy, ctx, min_peak, bound, workspace, safety)
+
+
+def _knob_choice(strategy: str, ctx: _Context, budget: int, report, stop,
+                 ) -> tuple[dict, tuple[Swap, ...]] | None:
+    """The knobs and swaps of a TFLMS search, by the fast evaluator (None: no threshold fits).
+
+    ``tflms`` takes TFLMS v2's search on memory alone; ``knobs`` then scores a grid of
+    settings with the time model and drops the swaps the fit does not need.
     """
     base = ctx.base
 
@@ -775,7 +838,6 @@ def _knob_search(strategy, graph, batch_size, ctx, budget, memory, safety, works
         # full simulation of the plan decides (_verify)
         return score.transient_peak + base.race_bytes <= budget
 
-    empty = Plan(fingerprint(graph), params={"strategy": strategy})
     max_dist = max((b.end - b.start for b in base.buffers), default=1)
     best: tuple[float, int, dict, tuple[Swap, ...]] | None = None
     # Largest threshold that fits, escalating the sync mode (TFLMS v2).
@@ -793,9 +855,7 @@ def _knob_search(strategy, graph, batch_size, ctx, budget, memory, safety, works
         if found is not None:
             break
     if found is None:
-        return _result(graph, batch_size, empty, False, budget, memory, base, base,
-                       base_seconds, base_seconds, strategy, ctx, min_peak, bound, {},
-                       workspace, reason="search")
+        return None
     knobs = {"threshold": found, "ahead": 1, "groupby": 5, "sync_mode": sync}
     knobs = _tflms_refine(ctx, knobs, fits_fast, report, stop)
     swaps = _swaps_for(ctx, knobs["threshold"], knobs["ahead"], knobs["groupby"])
@@ -806,14 +866,7 @@ def _knob_search(strategy, graph, batch_size, ctx, budget, memory, safety, works
                      (seed.seconds, seed.swap_bytes, knobs, seed.swaps))
         knobs, swaps = best[2], best[3]
         swaps = _prune(ctx, swaps, knobs["sync_mode"], fits_fast, report, stop)
-        # The full simulation is the costly part (about a third of a ResNet-50 tune). A
-        # verified plan is timed by this same model, on these swaps or, when they do not
-        # fit in full, on smaller groups, later swap-ins or more swaps.
-        if beat is not None and _evaluate(ctx, swaps, knobs["sync_mode"]).seconds >= beat:
-            return None
-    report(0.9, "verifying the plan with the full simulation")
-    return _verify(graph, batch_size, swaps, knobs, budget, memory, base, base_seconds,
-                   strategy, ctx, min_peak, bound, workspace, safety)
+    return knobs, swaps
 
 
 def _tflms_refine(ctx: _Context, knobs: dict, fits_fast, report, stop) -> dict:
@@ -923,16 +976,19 @@ def _per_tensor(strategy, graph, batch, ctx, budget, memory, safety, workspace, 
 
     While the rewritten step does not fit, the MILP is solved again for a budget lowered
     by the overshoot: the MILP does not see the clones' intermediate buffers, the link's
-    queue or where triggers land in the rewritten schedule. Without ``diagnose``, a
-    MILP that host memory makes infeasible ends the search there, without planning for
-    the device alone to say what stops it (the plan that result would carry does not fit).
+    queue or where triggers land in the rewritten schedule. Without ``diagnose`` (a plan
+    that fits is in hand), a MILP that host memory makes infeasible ends the search
+    there, without planning for the device alone to say what stops it (the plan that
+    result would carry does not fit), and the memory-aware order is not made for it.
     """
     base = ctx.base
     best, knobs = _solve_and_check(strategy, graph, batch, ctx, (), budget, memory, safety,
                                    workspace, report, stop, base, diagnose)
-    if best is None or not best[2]:
+    if (best is None or not best[2]) and (diagnose or ctx.rescheduled is not None):
         # The executor's order runs parallel branches op by op in alternation, and what
-        # is on the device there cannot all be freed: plan again in a memory-aware order.
+        # is on the device there cannot all be freed: plan again in a memory-aware order
+        # (made for a fallback only, not for a candidate beside a plan that fits: a
+        # DenseNet's swap-only candidate near its largest batch, 1.1 s to find nothing)
         if ctx.rescheduled is None:
             report(0.5, "a memory-aware order of the step")
             names = memory_schedule(graph, base, ctx.sizes)
