@@ -1000,6 +1000,7 @@ def _importing_function(
     nodes = [n for n in gd.node if n.name not in mapped]
     for n in nodes:
         _scope_marks(n, _SCOPE)
+        _drop_colocation(n, mapped)
     del gd.node[:]
     gd.node.extend(nodes)
     # an argument no op reads (a step that ignores its labels) is mapped to nothing: the
@@ -1032,6 +1033,25 @@ def _importing_function(
             f"{source}: TensorFlow cannot import the rewritten graph: {_line(e)}"
         ) from None
     return fn
+
+
+def _drop_colocation(node: Any, dropped: set[str]) -> None:
+    """Remove ``node``'s colocation with nodes the import drops (placeholders it maps).
+
+    ``tf.nn.embedding_lookup`` colocates its gather with the variable's capture placeholder
+    (``_class: loc:@...``); the placeholder is replaced by the captured handle, and the
+    import refuses a colocation with a node it does not have. The placer still puts a
+    resource's readers with the resource.
+    """
+    marks = node.attr["_class"].list.s if "_class" in node.attr else ()
+    kept = [m for m in marks if m.decode(errors="replace").removeprefix("loc:@") not in dropped]
+    if len(kept) == len(marks):
+        return
+    if kept:
+        del node.attr["_class"].list.s[:]
+        node.attr["_class"].list.s.extend(kept)
+    else:
+        del node.attr["_class"]
 
 
 def _scope_marks(node: Any, scope: str) -> None:
