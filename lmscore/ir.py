@@ -18,6 +18,7 @@ import contextlib
 import functools
 import gc
 import json
+import math
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -703,6 +704,43 @@ def gradient_input(op_type: str) -> int | None:
     """
     sig = op_signatures().get(op_type)
     return None if sig is None else sig.get("grad")
+
+
+#: Alignment TensorFlow's slice and split kernels need to hand out part of an input's
+#: buffer instead of a copy: ``EIGEN_MAX_ALIGN_BYTES``, 64 on AVX-512 builds (a coarser
+#: build shares more, never less).
+ROW_ALIGN = 64
+
+
+def row_slice_view(attrs: Mapping[str, Any], begin: Sequence[int] | None,
+                   end: Sequence[int] | None, strides: Sequence[int] | None,
+                   out_shape: Sequence[int] | None, dtype: str) -> bool:
+    """Whether a ``StridedSlice`` is a view of its input, told from the op alone.
+
+    It is when it takes whole rows of the input's first axis (``x[t]``, ``x[a:b]``: one
+    entry of ``begin``, ``end`` and ``strides``, the stride 1) and each row starts at an
+    aligned address whatever the unknown dimensions (``IsDim0SliceAligned``): the bytes of
+    a row's known dimensions are a multiple of :data:`ROW_ALIGN`. A loop body's
+    ``e[0]`` of a ``tf.scan`` element is then the element's own memory.
+
+    >>> row_slice_view({"shrink_axis_mask": 1}, [0], [1], [1], [-1, 16, 4], "float")
+    True
+    >>> row_slice_view({"shrink_axis_mask": 1}, [0], [1], [1], [-1, 3], "float")
+    False
+    >>> row_slice_view({}, [0, 0], [1, 2], [1, 1], [1, 2], "float")
+    False
+    """
+    size = dtype_bytes(dtype)
+    if (not size or out_shape is None or begin is None or end is None or strides is None
+            or not len(begin) == len(end) == len(strides) == 1 or strides[0] != 1
+            or attrs.get("ellipsis_mask", 0) or attrs.get("new_axis_mask", 0)):
+        return False
+    shrink = attrs.get("shrink_axis_mask", 0)
+    if shrink not in (0, 1):
+        return False
+    row = list(out_shape) if shrink else list(out_shape)[1:]
+    known = math.prod(d for d in row if d >= 0) * size
+    return bool(row) and known % ROW_ALIGN == 0
 
 
 def dtype_bytes(dtype: str) -> int | None:

@@ -28,7 +28,7 @@ from google.protobuf import message, text_format
 from tensorboard.compat.proto import graph_pb2, types_pb2
 
 from .errors import ConfigError, GraphError
-from .ir import Graph, Op, TensorSpec, gc_paused, op_signatures
+from .ir import Graph, Op, TensorSpec, gc_paused, op_signatures, row_slice_view
 
 #: Largest binary GraphDef read (protobuf cannot parse messages of 2 GiB or more).
 MAX_FILE_BYTES = 2**31 - 1
@@ -600,10 +600,29 @@ def _view_root(ref: str, nodes: dict[str, Any]) -> str:
     """The tensor of a function body that ``ref`` is a view of (itself if none)."""
     for _ in range(64):
         node = nodes.get(ref.split(":")[0])
-        if node is None or node.op not in _BODY_VIEWS or not node.input:
+        if node is None or not node.input or not (
+                node.op in _BODY_VIEWS or node.op == "StridedSlice" and _row_view(node, nodes)):
             break
         ref = node.input[0]
     return ref
+
+
+def _row_view(node: Any, nodes: dict[str, Any]) -> bool:
+    """Whether body ``StridedSlice`` ``node`` is a view (:func:`lmscore.ir.row_slice_view`)."""
+    consts = []
+    for ref in list(node.input)[1:4]:
+        src = nodes.get(ref.split(":")[0])
+        consts.append(_small_int_tensor(src.attr["value"].tensor)
+                      if src is not None and src.op == "Const" and "value" in src.attr else None)
+    if len(consts) != 3 or "_output_shapes" not in node.attr:
+        return False
+    recorded = node.attr["_output_shapes"].list.shape
+    if len(recorded) != 1 or recorded[0].unknown_rank:
+        return False
+    attrs = {k: node.attr[k].i for k in ("shrink_axis_mask", "ellipsis_mask", "new_axis_mask")
+             if k in node.attr}
+    return row_slice_view(attrs, *consts, [d.size for d in recorded[0].dim],
+                          _DTYPE_NAMES.get(node.attr["T"].type, "") if "T" in node.attr else "")
 
 
 def handle_spec(attr: Any) -> tuple[tuple[int, ...], int] | None:

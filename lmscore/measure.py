@@ -146,6 +146,11 @@ _PASS_THROUGH: dict[str, tuple[int, ...] | None] = {
     "Merge": None,
     "Exit": (0,),
     "NextIteration": (0,),
+    # values taken out of the input (a sparse tensor's ids from a dense one, their
+    # distinct values): still indices of what they index
+    "GatherNd": (0,),
+    "GatherV2": (0,),
+    "Unique": (0,),
 }
 #: Call ops and the function attributes whose arguments receive the op's inputs, with the
 #: offset between the op's input index and the function's argument index.

@@ -1053,6 +1053,83 @@ def hand_loop_rnn(batch=None):
 
 
 
+def sparse_embedding(batch=None):
+    """Bag-of-ids features: ``tf.nn.embedding_lookup_sparse`` (mean) over a 1,000-row table,
+    8 ids an example, then a dense head; Adagrad updates the table sparsely.
+
+    The lookup gathers the distinct ids (``Unique``): at most one row per row of the table,
+    where the ids are many more; its mean has one row per example, not per id.
+    """
+    import tensorflow as tf
+
+    k = _keras()
+    k.utils.set_random_seed(27)
+    table = tf.Variable(tf.random.normal((1000, 32), seed=1) * 0.1, name="table")
+    w = tf.Variable(tf.random.normal((32, 64), seed=2) * 0.1, name="w")
+    v = tf.Variable(tf.random.normal((64, 5), seed=3) * 0.1, name="v")
+    variables = [table, w, v]
+    opt = k.optimizers.Adagrad(0.05)
+    opt.build(variables)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            with tf.name_scope("fwd"):
+                ids = tf.sparse.from_dense(x)  # id 0 is padding
+                h = tf.nn.embedding_lookup_sparse(table, ids, None, combiner="mean")
+                logits = tf.nn.relu(h @ w) @ v
+                value = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+                    y, logits, from_logits=True))
+                value = tf.identity(value, name="zoo_loss")
+        opt.apply_gradients(zip(tape.gradient(value, variables), variables, strict=True))
+        return value
+
+    cf = tf.function(step).get_concrete_function(*_specs(batch, (8,), (), "int32"))
+    cf.zoo_objects = (variables, opt)  # the function holds its variables weakly
+    return cf, ("fwd/",)
+
+
+def selective_scan(batch=None):
+    """A Mamba-like selective scan: ``tf.scan`` over a stacked ``[time, 2, batch, d, n]``
+    sequence of decays and inputs, ``h = e[0] * h + e[1]`` (SGD).
+
+    The scan's gradient keeps ``e[0]`` of every step, rows of the element the forward
+    loop read (a view, not a copy): the list of elements lives until the gradient loop.
+    """
+    import tensorflow as tf
+
+    k = _keras()
+    k.utils.set_random_seed(28)
+    d, n = 16, 4
+    emb = tf.Variable(tf.random.normal((100, d), seed=1) * 0.1, name="emb")
+    a = tf.Variable(tf.ones((d, n)), name="a")
+    bw = tf.Variable(tf.random.normal((d, n), seed=2) * 0.1, name="bw")
+    cw = tf.Variable(tf.random.normal((d, n), seed=3) * 0.1, name="cw")
+    out = tf.Variable(tf.random.normal((d, 100), seed=4) * 0.1, name="out")
+    variables = [emb, a, bw, cw, out]
+    opt = k.optimizers.SGD(0.01)
+    opt.build(variables)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            with tf.name_scope("fwd"):
+                u = tf.nn.embedding_lookup(emb, x)  # batch, time, d
+                decay = tf.exp(-tf.exp(a))[None, None] * tf.ones_like(u)[..., None]
+                inp = u[..., None] * (u @ bw)[:, :, None, :]
+                seq = tf.transpose(tf.stack([decay, inp]), [2, 0, 1, 3, 4])
+                hs = tf.scan(lambda h, e: e[0] * h + e[1], seq,
+                             initializer=tf.zeros_like(inp[:, 0]))
+                yv = tf.einsum("tbdn,btn->btd", hs, u @ cw)
+                value = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+                    y, yv @ out, from_logits=True))
+                value = tf.identity(value, name="zoo_loss")
+        opt.apply_gradients(zip(tape.gradient(value, variables), variables, strict=True))
+        return value
+
+    cf = tf.function(step).get_concrete_function(*_specs(batch, (16,), (16,), "int32"))
+    cf.zoo_objects = (variables, opt)  # the function holds its variables weakly
+    return cf, ("fwd/",)
+
+
 def moe_topk(batch=None):
     """A mixture-of-experts layer with top-2 routing, written with tf ops (Adam).
 
@@ -1187,6 +1264,8 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("fit_two_heads", fit_two_heads, 8, False),
     Entry("fit_multi_io", fit_multi_io, 16, False),
     Entry("moe_topk", moe_topk, 8, False),
+    Entry("sparse_embedding", sparse_embedding, 1024, False),
+    Entry("selective_scan", selective_scan, 64, False),
     Entry("huber_regression", huber_regression, 8, False),
     Entry("mixed_precision_cnn", mixed_precision_cnn, 4, False),
     Entry("mixed_precision_mlp", mixed_precision_mlp, 8, False),
