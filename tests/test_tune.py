@@ -313,17 +313,21 @@ def test_hybrid_is_never_slower_than_its_own_kinds_of_option(batch, fraction):
 
 
 def _read_four_times() -> Graph:
-    """``a`` (4000 B) read by r1..r4, each after a stretch that allocates b_k (4000 B)."""
-    big, small = t("float", 1, 1000), t("float", 1, 8)
+    """``a`` (4000 B) read by r1..r4, each after a stretch that allocates b_k (4000 B).
+
+    The chain's values take 1 KiB each, so that every op counts as an allocation for the
+    release hold (lmscore.memory.RELEASE_RACE_MIN_BYTES).
+    """
+    big, small, chain = t("float", 1, 1000), t("float", 1, 8), t("float", 1, 256)
     ops = [Op("x", "Placeholder", outputs=small),
            Op("a", "MatMul", inputs=("x:0", "x:0"), outputs=big)]
     prev = "x:0"
     for k in range(1, 5):
         ops += [Op(f"b{k}", "MatMul", inputs=(prev, "x:0"), outputs=big),
-                Op(f"s{k}", "MatMul", inputs=(f"b{k}:0", "x:0"), outputs=small),
-                Op(f"t{k}", "MatMul", inputs=(f"s{k}:0", "x:0"), outputs=small),
-                Op(f"u{k}", "MatMul", inputs=(f"t{k}:0", "x:0"), outputs=small),
-                Op(f"r{k}", "MatMul", inputs=(f"u{k}:0", "a:0"), outputs=small)]
+                Op(f"s{k}", "MatMul", inputs=(f"b{k}:0", "x:0"), outputs=chain),
+                Op(f"t{k}", "MatMul", inputs=(f"s{k}:0", "x:0"), outputs=chain),
+                Op(f"u{k}", "MatMul", inputs=(f"t{k}:0", "x:0"), outputs=chain),
+                Op(f"r{k}", "MatMul", inputs=(f"u{k}:0", "a:0"), outputs=chain)]
         prev = f"r{k}:0"
     return Graph(tuple(ops), "read four times")
 
@@ -332,7 +336,7 @@ def test_a_buffer_idle_four_times_gets_options_over_all_four_when_three_do_not_c
         monkeypatch):
     g = _read_four_times()
     base = simulate(g, 1)
-    assert base.peak_bytes == 32 + 4000 + 4000 + 32  # x, a, b_k, the chain's value
+    assert base.peak_bytes == 32 + 4000 + 4000 + 1024  # x, a, b_k, the chain's value
     sizes = resolve(g, 1)
     seconds = op_seconds(g, sizes, DEVICES["V100"])
     spans = [(o.lo, o.hi) for o in options(g, sizes, base, seconds, 12e9, ("swap",))]
@@ -351,10 +355,10 @@ def test_a_buffer_idle_four_times_gets_options_over_all_four_when_three_do_not_c
     assert wide == options(g, sizes, base, seconds, 12e9, ("swap",), max_gaps=4)
     assert len(made) == 4 and wide[:3] == narrow
     # a must be off the device beside every b_k: one swap-out, a swap-in per stretch
-    r = tune(g, 1, 4128, safety=1.0, strategy="swap", host_memory=10**9)
-    assert r.fits and r.predicted_peak_bytes == 32 + 4000 + 32 + 32
+    r = tune(g, 1, 6080, safety=1.0, strategy="swap", host_memory=10**9)
+    assert r.fits and r.predicted_peak_bytes == 32 + 4000 + 1024 + 1024
     assert [(s.tensor, [(i.consumers, i.trigger) for i in s.swap_ins])
             for s in r.plan.swaps] == [
         ("a:0", [(("r1",), "u1"), (("r2",), "u2"), (("r3",), "u3"), (("r4",), "u4")])]
     monkeypatch.setattr(sys.modules["lmscore.tune"], "WIDE_GAPS", 3)  # none wider: no plan
-    assert not tune(g, 1, 4128, safety=1.0, strategy="swap", host_memory=10**9).fits
+    assert not tune(g, 1, 6080, safety=1.0, strategy="swap", host_memory=10**9).fits

@@ -46,7 +46,9 @@ CASES = [
     # measures at most B since lmscore.measure adds the unrecorded release of the old buffers
     ("gpt_decoder", 4, 0.6),
     ("gpt_decoder", 4, 0.4),
-    ("unet2d", 4, 0.4),
+    # (at 40% no plan fits since a swap counts as held through the next two allocations of
+    # 1 KiB or more on the emulated accelerator)
+    ("unet2d", 4, 0.5),
     ("unet2d", 4, 0.6),
     ("stochastic_depth_cnn", 16, 0.6),
     ("stochastic_depth_cnn", 16, 0.4),
@@ -54,7 +56,7 @@ CASES = [
     pytest.param("mobilenet_v2", 64, 0.6, marks=pytest.mark.slow),
     ("fit_mixed_transformer", 4, 0.6),
     # dilated convolutions: SpaceToBatchND's tensors have batch x dilation rows
-    ("dilated_conv1d", 16, 0.4),
+    ("dilated_conv1d", 16, 0.5),
     # a gather's rows are its indices', a segment sum's its num_segments (unknown batch)
     ("graph_network", 64, 0.4),
 ]
@@ -188,7 +190,7 @@ def test_plan_with_recomputes_fits_where_it_runs(name, batch, fraction, strategy
 #: at 60-80% of this small CNN covers, lmscore.memory.release_hold).
 #: (l2_clip_cnn fits only under oneDNN's kernels, so it is measured here, not in CASES,
 #: which must mostly fit under both libraries.)
-USER_RUNTIME_CASES = [("l2_clip_cnn", 16, 0.85), ("unet2d", 4, 0.4), ("dilated_conv1d", 16, 0.4)]
+USER_RUNTIME_CASES = [("l2_clip_cnn", 16, 0.85), ("unet2d", 4, 0.5), ("dilated_conv1d", 16, 0.5)]
 
 
 @pytest.mark.parametrize("name, batch, fraction", USER_RUNTIME_CASES)
@@ -207,15 +209,14 @@ def test_tuned_convnet_plan_is_bit_identical_under_the_users_runtime(name, batch
 def test_plan_in_a_memory_aware_order_fits_where_it_runs() -> None:
     """A plan that pins a memory-aware order of the ops (lmscore.schedule), measured.
 
-    The 2-D U-Net at 40%: no per-tensor swap plan fits in the executor's order, so the
-    tuner plans again in a memory-aware one.
+    The message-passing graph network at 40% (both kernel libraries): no per-tensor plan
+    fits in the executor's order, so the tuner plans again in a memory-aware one. (The
+    2-D U-Net's swaps did so at 40% until swaps counted as held through the next two
+    allocations of 1 KiB or more on the emulated accelerator; none fits there now.)
     """
-    g, device, result = _tuned("unet2d", 4, 0.4, strategy="swap")
-    if not result.fits and "alone needs" in result.message:
-        # Eigen's im2col buffer of one convolution gradient is over the budget by itself
-        pytest.skip(result.message)
+    g, device, result = _tuned("graph_network", 64, 0.4)
     assert result.fits and result.plan.schedule, result.message
-    v = validate_plan(g, result.plan, 4, runs=3, grappler=False)
+    v = validate_plan(g, result.plan, 64, runs=3, grappler=False)
     measured = v.measured_device_peak_bytes["rewritten"]
     assert measured <= device and v.saving_ratio >= 0.9, (measured, device, v.saving_ratio)
     assert v.max_abs_diff == 0.0
@@ -224,15 +225,16 @@ def test_plan_in_a_memory_aware_order_fits_where_it_runs() -> None:
 def test_a_swap_with_a_swap_in_per_idle_stretch_runs_as_simulated() -> None:
     """A tensor copied out once and in twice (lmscore.planners.decisions), measured.
 
-    The message-passing graph network at 35% (both kernel libraries): the per-tensor
-    planner frees a tensor over two idle stretches, a swap-in for each. (The
-    stochastic-depth CNN at 30% did this until a swap's buffer counted as held through the
-    next two allocations on the emulated accelerator; no plan covers that budget now.)
+    The GPT decoder at 35% (both kernel libraries): the per-tensor planner frees a tensor
+    over two idle stretches, a swap-in for each. (The stochastic-depth CNN at 30%, then the
+    graph network at 35%, did this until a swap's buffer counted as held through the next
+    two allocations, then through the next two of 1 KiB or more, on the emulated
+    accelerator; no plan covers those budgets now.)
     """
-    g, device, result = _tuned("graph_network", 64, 0.35)
+    g, device, result = _tuned("gpt_decoder", 4, 0.35)
     assert result.fits, result.message
     assert any(len(s.swap_ins) > 1 for s in result.plan.swaps)
-    v = validate_plan(g, result.plan, 64, runs=3, grappler=False)
+    v = validate_plan(g, result.plan, 4, runs=3, grappler=False)
     measured = v.measured_device_peak_bytes["rewritten"]
     assert measured <= device and v.saving_ratio >= 0.9, (measured, device, v.saving_ratio)
     assert v.max_abs_diff == 0.0
