@@ -1036,9 +1036,9 @@ def _far_readers(
     producer and port: why it cannot be ``done``) and have readers more than ``threshold``
     levels after it (else there is nothing to ``verb``).
     """
-    for decided, done in ((plan.swapped(), "swapped"), (plan.recomputed(), "recomputed")):
+    for decided, already in ((plan.swapped(), "swapped"), (plan.recomputed(), "recomputed")):
         if tensor in decided:
-            raise PlanError(f"tensor {tensor!r} is already {done}")
+            raise PlanError(f"tensor {tensor!r} is already {already}")
     op_name, port = split_tensor(tensor)
     if op_name not in graph.index or port >= len(graph.ops[graph.index[op_name]].outputs):
         raise PlanError(f"unknown tensor {tensor!r}")

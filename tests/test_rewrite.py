@@ -190,6 +190,9 @@ def test_hand_edits():
         add_swap(g, plan, "a:0")
     with pytest.raises(PlanError, match="nothing to swap"):
         add_swap(g, empty, "g:0")
+    # the refusal names the edit asked for (it said "cannot be recomputed" for a swap)
+    with pytest.raises(PlanError, match="'x:0' cannot be swapped: input tensor"):
+        add_swap(g, empty, "x:0")
     moved = move_trigger(g, plan, "a:0", 0, "c")
     assert moved.swaps[0].swap_ins[0].trigger == "c"
     with pytest.raises(PlanError, match="cannot reach|does not come after"):
