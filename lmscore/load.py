@@ -30,6 +30,9 @@ from tensorboard.compat.proto import graph_pb2, types_pb2
 from .errors import ConfigError, GraphError
 from .ir import Graph, Op, TensorSpec, gc_paused, op_signatures, row_slice_view
 
+#: TensorFlow's largest tensor rank (``TensorShape::MaxDimensions``): a recorded shape of
+#: more dimensions is taken as unknown.
+MAX_RANK = 254
 #: Largest binary GraphDef read (protobuf cannot parse messages of 2 GiB or more).
 MAX_FILE_BYTES = 2**31 - 1
 #: Largest text GraphDef read: text parsing is about 20x slower than binary.
@@ -290,7 +293,9 @@ def _unlinked_graph(
             shapes = shapes_of.get(key)
             if shapes is None:
                 shapes = shapes_of[key] = [
-                    None if sh.unknown_rank else tuple([d.size for d in sh.dim[:]])
+                    # a rank no tensor has is no shape (a million dimensions took 14 s)
+                    None if sh.unknown_rank or len(sh.dim) > MAX_RANK
+                    else tuple([d.size for d in sh.dim[:]])
                     for sh in recorded.list.shape[:]  # (copies, see inputs above)
                 ]
         else:
