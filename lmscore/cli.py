@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import samples
 from .errors import ConfigError, LmsError
+from .ir import feed_batches, fixed_batch
+from .memory import DEFAULT_SAFETY
 from .units import SIZE_SYNTAX, format_bytes, parse_bytes
 
 if TYPE_CHECKING:  # the CLI imports TensorFlow-free modules lazily, per command
@@ -258,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default=None, metavar="PROFILE.json",
                    help="price the plans with times measured on your device (lms profile) "
                         "instead of the device and link presets' speeds")
-    p.add_argument("--safety", type=float, default=0.9, metavar="FRACTION",
+    p.add_argument("--safety", type=float, default=DEFAULT_SAFETY, metavar="FRACTION",
                    help="fraction of the device memory left after persistent memory that the "
                         "step may use, in (0, 1] (default 0.9)")
     p.add_argument("--host-memory", default=None, type=_size_arg, metavar="SIZE",
@@ -356,32 +358,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
-def _feed_batches(graph: Any) -> list[int]:
-    """The leading dimension of each batched feed, in graph order (-1: unknown)."""
-    from .ir import FEED_OPS
-
-    dims = []
-    for op in graph.ops:
-        if op.type in FEED_OPS and op.outputs and op.outputs[0].dtype != "resource":
-            shape = op.outputs[0].shape
-            if shape is None or shape:  # scalars (a learning rate) have no batch
-                dims.append(-1 if shape is None else shape[0])
-    return dims
-
-
-def fixed_batch(graph: Any) -> int | None:
-    """The batch size every batched feed of ``graph`` fixes, or None (unknown or no feed)."""
-    dims = _feed_batches(graph)
-    return dims[0] if dims and -1 not in dims and dims[0] > 0 else None
-
-
 def _batch_size(graph: Any, path: str, given: int | None, notes: list[str]) -> int:
     """The batch size to use; a note in ``notes`` when it is not the one given or asked for.
 
     A graph whose feeds all have a fixed batch keeps it; otherwise ``--batch-size``, else a
     bundled sample's batch size, else 1.
     """
-    dims = _feed_batches(graph)
+    dims = feed_batches(graph)
     if dims and -1 not in dims and dims[0] > 0:  # (a feed of 0 rows has no batch to keep)
         if given is not None and given != dims[0]:
             notes.append(f"--batch-size {given} ignored: the graph's batch dimension is fixed "

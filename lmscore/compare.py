@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .errors import ConfigError
 from .evaluate import PlanEvaluation, evaluate_plan
-from .ir import Graph
+from .ir import Graph, fixed_batch
 from .memory import Simulation, fit_margin, fits, host_memory_limit, simulate
 from .plan import Plan
 from .shapes import Sizes, resolve
@@ -286,7 +287,16 @@ def batch_sweep(
     Returns
     -------
     BatchSweep
+
+    Raises
+    ------
+    ConfigError
+        If the graph's feeds fix its batch (every batch would be the same step).
     """
+    fixed = fixed_batch(graph)
+    if fixed is not None:
+        raise ConfigError(f"the graph's batch dimension is fixed at {fixed}; trace the step "
+                          "with an unknown batch (None) to see memory against batch size")
     dev = DEVICES[preset(device, DEVICES, "device")]
     host = host_memory_limit() if host_bytes is None else host_bytes
     memo: dict[int, tuple[Sizes, Simulation]] = {}

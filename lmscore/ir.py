@@ -706,6 +706,23 @@ def gradient_input(op_type: str) -> int | None:
     return None if sig is None else sig.get("grad")
 
 
+def feed_batches(graph: Graph) -> list[int]:
+    """The leading dimension of each batched feed, in graph order (-1: unknown)."""
+    dims = []
+    for op in graph.ops:
+        if op.type in FEED_OPS and op.outputs and op.outputs[0].dtype != "resource":
+            shape = op.outputs[0].shape
+            if shape is None or shape:  # scalars (a learning rate) have no batch
+                dims.append(-1 if shape is None else shape[0])
+    return dims
+
+
+def fixed_batch(graph: Graph) -> int | None:
+    """The batch size every batched feed of ``graph`` fixes, or None (unknown or no feed)."""
+    dims = feed_batches(graph)
+    return dims[0] if dims and -1 not in dims and dims[0] > 0 else None
+
+
 #: Alignment TensorFlow's slice and split kernels need to hand out part of an input's
 #: buffer instead of a copy: ``EIGEN_MAX_ALIGN_BYTES``, 64 on AVX-512 builds (a coarser
 #: build shares more, never less).

@@ -56,6 +56,7 @@ from .errors import ConfigError
 from .evaluate import evaluate_plan
 from .ir import Graph
 from .memory import (
+    DEFAULT_SAFETY,
     Simulation,
     fit_margin,
     fits,
@@ -556,7 +557,7 @@ def tune(
     *,
     device: str = "V100",
     link: str = "pcie3",
-    safety: float = 0.9,
+    safety: float = DEFAULT_SAFETY,
     strategy: str = "hybrid",
     workspace: str = "accelerator",
     progress: Progress | None = None,
@@ -1293,7 +1294,7 @@ def bound_batch(
     budget_bytes: int | None = None,
     *,
     device: str = "V100",
-    safety: float = 0.9,
+    safety: float = DEFAULT_SAFETY,
     workspace: str = "accelerator",
     limit: int = 1 << 16,
 ) -> tuple[int, str]:

@@ -198,6 +198,9 @@ def register(app: dash.Dash, state: AppContext) -> None:
         background=True,
         running=[
             (Output("tune-run", "disabled"), True, False),
+            # saved mid-run, the file held the plan before the run and the comparison the
+            # tuned one (the kept copy waits for the plan the run is still making)
+            (Output("plan-save", "disabled"), True, False),
             (Output("tune-cancel", "disabled"), False, True),
             (Output("tune-progress", "style"), {"visibility": "visible"},
              {"visibility": "hidden"}),
@@ -231,11 +234,14 @@ def register_compare(app: dash.Dash, state: AppContext) -> None:
         Output("st-compare-plans", "data"), Output("compare-pick", "value"),
         Output("compare-message", "children"), Output("compare-message", "className"),
         Input("plan-save", "n_clicks"), Input("st-plan", "data"), Input("compare-gate", "data"),
-        State("st-graph", "data"), State("st-compare-plans", "data"),
-        prevent_initial_call=True,
+        Input("st-settings", "data"), State("st-graph", "data"),
+        State("st-compare-plans", "data"), prevent_initial_call=True,
     )
-    def _keep_plan(_n: Any, plan: Any, gate: Any, graph: Any, kept: Any) -> tuple[Any, ...]:
+    def _keep_plan(_n: Any, plan: Any, gate: Any, _settings: Any, graph: Any, kept: Any
+                   ) -> tuple[Any, ...]:
         fp = str((graph or {}).get("fingerprint", ""))
+        if ctx.triggered_id == "st-settings":  # a later success clears a refusal shown here
+            return no_update, no_update, "", "message"
         try:
             if ctx.triggered_id == "compare-gate":
                 name, loaded = compare_panel.read_upload(state, graph or {}, gate)
@@ -244,12 +250,15 @@ def register_compare(app: dash.Dash, state: AppContext) -> None:
             source = (plan or {}).get("source")
             if not (plan or {}).get("json") or (ctx.triggered_id == "st-plan"
                                                 and source not in ("file", "saved")):
-                return no_update, no_update, no_update, no_update
+                return no_update, no_update, "", "message"
             p = compare_panel.plan_of(state, state.resolve(graph or {}), plan["json"])
             what = "saved" if ctx.triggered_id == "plan-save" else (
                 "loaded" if source == "file" else "restored")
-            kept, _ = compare_panel.remember(
-                kept, fp, compare_panel.next_name(kept, what, p), plan["json"])
+            name = compare_panel.next_name(kept, what, p)
+            kept, _ = compare_panel.remember(kept, fp, name, plan["json"])
+            if what == "saved":
+                return kept, no_update, f"plan downloaded and kept for comparison as {name}", (
+                    "message ok")
             return kept, no_update, "", "message"
         except LmsError as e:
             return no_update, no_update, f"not kept for comparison: {e}", "message error"

@@ -330,10 +330,21 @@ def level_hover(values: Sequence[int], tops: Sequence[Sequence[tuple[str, int]]]
             for pair in tops[lvl]:
                 line = said.get(pair)
                 if line is None:
-                    line = said[pair] = f"<br>{short_name(pair[0], 48)}: {format_size(pair[1])}"
+                    line = said[pair] = f"<br>{_short_words(pair[0])}: {format_size(pair[1])}"
                 text += line
         out.append(text)
     return out
+
+
+def _short_words(what: str, width: int = 40) -> str:
+    """``what`` with each name in it shortened (:func:`short_name`), its words kept.
+
+    Cut as one string from the left, a line lost what the plan does with the buffer.
+
+    >>> _short_words("swap-in of model/stage1/block2/conv/Conv2D:0")
+    'swap-in of block2/conv/Conv2D:0'
+    """
+    return " ".join(short_name(w, width) if "/" in w else w for w in what.split(" "))
 
 
 def op_positions(levels: Sequence[int], categories: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

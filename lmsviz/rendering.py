@@ -19,8 +19,8 @@ from dash import html, no_update
 import lmscore
 from lmscore.errors import ConfigError, PlanError
 from lmscore.ir import split_tensor
+from lmscore.memory import DEFAULT_SAFETY, Simulation, fit_margin, host_memory_limit
 from lmscore.memory import fits as fits_device
-from lmscore.memory import host_memory_limit
 from lmscore.plan import Plan, Recompute, empty_plan
 from lmscore.units import format_bytes, parse_bytes
 
@@ -303,6 +303,31 @@ def _row_styles(tensor: str | None) -> list[dict[str, Any]]:
     return styles
 
 
+def fit_verdict(sim: Simulation, budget: int, host_limit: int) -> tuple[str, str]:
+    """The summary's budget line and its class: the tuner's "fits", and what it counts.
+
+    The same test as ``lms tune`` (:func:`lmscore.memory.fits` at
+    :data:`~lmscore.memory.DEFAULT_SAFETY`), so the page says "fits" where the tuner does;
+    the line names the margin kept free and what may come on top of the peak shown.
+
+    >>> from lmscore.memory import Simulation
+    >>> sim = Simulation((90,), (30,), 90, 0, 40, 0, 50, 0, (), (), 1)
+    >>> fit_verdict(sim, 100, 10**9)[0]
+    'fits (4 B to spare, 10% of the budget above persistent memory kept free)'
+    >>> fit_verdict(sim, 90, 10**9)[0]
+    'does not fit (over by 5 B, 10% of the budget above persistent memory kept free)'
+    """
+    margin = fit_margin(sim, budget, DEFAULT_SAFETY)
+    kept = f"{100 - round(100 * DEFAULT_SAFETY)}% of the budget above persistent memory kept free"
+    race = sim.worst_peak_bytes - sim.peak_bytes
+    if race > 0:
+        kept += (f", and {format_bytes(race)} over the peak counted: what a loop may run "
+                 "ahead or a swapped tensor may be held")
+    if fits_device(sim, budget, DEFAULT_SAFETY, host_bytes=host_limit):
+        return f"fits ({format_bytes(margin)} to spare, {kept})", "ok"
+    return f"does not fit (over by {format_bytes(-margin)}, {kept})", "bad"
+
+
 def summary(loaded: LoadedGraph, base: Base, plan: Plan, plan_data: dict[str, Any],
             after: After | None, budget: int | None) -> Any:
     """The summary panel: peaks, host, swaps, recomputes, predicted overhead, whether it fits."""
@@ -330,11 +355,8 @@ def summary(loaded: LoadedGraph, base: Base, plan: Plan, plan_data: dict[str, An
     elif over_host:
         fits, fits_cls = (f"does not fit: host memory over its limit by "
                           f"{format_bytes(host_peak - host_limit)}", "bad")
-    elif fits_device(shown, budget, host_bytes=host_limit):
-        fits, fits_cls = f"fits ({format_bytes(budget - shown.worst_peak_bytes)} to spare)", "ok"
     else:
-        fits, fits_cls = (f"does not fit (over by {format_bytes(shown.worst_peak_bytes - budget)})",
-                          "bad")
+        fits, fits_cls = fit_verdict(shown, budget, host_limit)
     n_in = len(after.rewrite.swap_ins) if after else 0
     n_sync = len(after.rewrite.synchronous) if after else 0
     skipped = after.rewrite.skipped if after else ()

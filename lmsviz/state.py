@@ -350,7 +350,7 @@ class LoadedGraph:
     @property
     def fixed_batch(self) -> int | None:
         """The batch size every feed of the graph fixes, or None when it is unknown."""
-        from lmscore.cli import fixed_batch
+        from lmscore.ir import fixed_batch
 
         return fixed_batch(self.graph)
 

@@ -8,6 +8,7 @@ from test_recompute import chain
 
 from lmscore.browse import Match, data_edges, find
 from lmscore.compare import batch_sweep, compare_plans
+from lmscore.errors import ConfigError
 from lmscore.evaluate import (
     KEPT,
     RECOMPUTED,
@@ -145,11 +146,17 @@ def test_batch_sweep_of_the_tiny_step():
 
 
 def test_batch_sweep_evaluates_a_plan_at_every_batch():
-    g = long_edge()  # fixed shapes: every batch is the same step
+    g = long_edge(-1)  # 4000 B a sample for a and c
     plan = plan_from_params(g, 1, threshold=3, ahead=2)
-    sw = batch_sweep(g, 4096, plan=plan, batches=[1, 2], bound=False)
-    assert sw.peak_bytes == (8064, 8064) and sw.plan_peak_bytes == (4096, 4096)
-    assert (sw.max_without, sw.max_with_plan) == (0, 2)
+    sw = batch_sweep(g, 8192, plan=plan, batches=[1, 2], bound=False)
+    assert sw.peak_bytes == (8064, 16128) and sw.plan_peak_bytes == (4096, 8192)
+    assert (sw.max_without, sw.max_with_plan) == (1, 2)
+
+
+def test_batch_sweep_refuses_a_graph_whose_batch_is_fixed():
+    # every batch would be the same step: the web app drew batches 1 to 65,536 at one peak
+    with pytest.raises(ConfigError, match="batch dimension is fixed at 1"):
+        batch_sweep(long_edge(), 4096, batches=[1, 2], bound=False)
 
 
 def test_data_edges_with_sizes():
