@@ -137,6 +137,15 @@ def _fit_step(model, x_spec, y_spec):
     return cf, tuple(f"{x}/" for x in own)
 
 
+def _weights(seed: int, **shapes: tuple[int, ...]) -> list[Any]:
+    """Variables of ``shapes`` (by name), normal draws x 0.1 seeded 1, 2, ... in order."""
+    import tensorflow as tf
+
+    _keras().utils.set_random_seed(seed)
+    return [tf.Variable(tf.random.normal(shape, seed=k) * 0.1, name=name)
+            for k, (name, shape) in enumerate(shapes.items(), start=1)]
+
+
 def _specs(batch, x_shape, y_shape, x_dtype="float32", y_dtype="int32"):
     import tensorflow as tf
 
@@ -1023,13 +1032,8 @@ def hand_loop_rnn(batch=None):
     """
     import tensorflow as tf
 
-    k = _keras()
-    k.utils.set_random_seed(23)
-    w = tf.Variable(tf.random.normal((16, 32), seed=1) * 0.1, name="w")
-    u = tf.Variable(tf.random.normal((32, 32), seed=2) * 0.1, name="u")
-    v = tf.Variable(tf.random.normal((32, 3), seed=3) * 0.1, name="v")
-    variables = [w, u, v]
-    opt = k.optimizers.RMSprop(1e-3)
+    variables = w, u, v = _weights(23, w=(16, 32), u=(32, 32), v=(32, 3))
+    opt = _keras().optimizers.RMSprop(1e-3)
     opt.build(variables)
 
     def step(x, y):
@@ -1062,13 +1066,8 @@ def sparse_embedding(batch=None):
     """
     import tensorflow as tf
 
-    k = _keras()
-    k.utils.set_random_seed(27)
-    table = tf.Variable(tf.random.normal((1000, 32), seed=1) * 0.1, name="table")
-    w = tf.Variable(tf.random.normal((32, 64), seed=2) * 0.1, name="w")
-    v = tf.Variable(tf.random.normal((64, 5), seed=3) * 0.1, name="v")
-    variables = [table, w, v]
-    opt = k.optimizers.Adagrad(0.05)
+    variables = table, w, v = _weights(27, table=(1000, 32), w=(32, 64), v=(64, 5))
+    opt = _keras().optimizers.Adagrad(0.05)
     opt.build(variables)
 
     def step(x, y):
