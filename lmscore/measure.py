@@ -561,11 +561,11 @@ def _int_bound(
             if op in _CALLS:
                 queue.extend(library.callees(node, index))
                 continue
-            if op in _PASS_THROUGH:
-                positions = _PASS_THROUGH[op]
-                if positions is None or index in positions:
-                    queue.append((cur, node.name))
+            positions = _PASS_THROUGH.get(op, ())
+            if positions is None or index in positions:
+                queue.append((cur, node.name))
                 continue
+            # (a gather passes its params' values on and takes its indices' bound)
             bound = _index_bound(cur, node, index, var_shapes)
             if bound is not None and bound > 0:
                 bounds.append(bound)
