@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import dash
+import numpy as np
 from dash import html, no_update
 
 import lmscore
@@ -504,9 +506,9 @@ def zoom(app: AppContext, session: dict[str, Any], relayout: Any, query: Any,
         matches = find(loaded.graph, str(query or ""), 1)
         if not matches:
             return no_update, no_update, f"no op or tensor named like {str(query or '')!r}"
-        lvl = int(lmscore.order(loaded.graph).levels[matches[0].op])
-        window: tuple[int, int] | None = (max(lvl - FIND_SPAN, 0),
-                                          min(lvl + FIND_SPAN, n_levels - 1))
+        levels = lmscore.order(loaded.graph).levels
+        lvl = int(levels[matches[0].op])
+        window: tuple[int, int] | None = _find_window(levels, lvl, n_levels)
         for ax in ("xaxis", "xaxis2"):
             patch["layout"][ax]["range"] = [window[0] - 0.5, window[1] + 0.5]
             patch["layout"][ax]["autorange"] = False
@@ -526,6 +528,27 @@ def zoom(app: AppContext, session: dict[str, Any], relayout: Any, query: Any,
     for k, tr in enumerate(traces):
         patch["data"][figures.T_DETAIL_EDGES + k] = tr.to_plotly_json()
     return patch, note, None
+
+
+def _find_window(levels: Sequence[int], lvl: int, n_levels: int) -> tuple[int, int]:
+    """Levels around ``lvl`` a found op is shown in.
+
+    :data:`FIND_SPAN` either side, fewer where that window holds too many ops to draw one
+    by one (:data:`figures.DETAIL_MAX_OPS`; the first levels of ResNet-50 hold 3,964 ops
+    in 15 levels, and the op was never drawn).
+
+    >>> _find_window([0, 1, 1, 2, 5], 1, 6)
+    (0, 5)
+    >>> _find_window([0] * 5 + [1] + [2] * 5, 1, 3)[0] >= 0
+    True
+    """
+    counts = np.bincount(np.asarray(levels, dtype=np.int64), minlength=n_levels)
+    total = np.concatenate(([0], np.cumsum(counts)))
+    for span in range(FIND_SPAN, -1, -1):
+        lo, hi = max(lvl - span, 0), min(lvl + span, n_levels - 1)
+        if total[hi + 1] - total[lo] <= figures.DETAIL_MAX_OPS or span == 0:
+            return lo, hi
+    return lvl, lvl  # (not reached: span 0 returns)
 
 
 def _recompute_draws(loaded: LoadedGraph, plan: Plan) -> list[figures.RecomputeDraw]:
