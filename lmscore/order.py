@@ -841,6 +841,11 @@ def _gradient_structure(
             ins = [p for p, _ in adj.data_in[loss] if p in in_pool]
             if len(ins) != 1:  # (two such values summed: the total of a model's losses)
                 break
+            if any(p not in in_pool and _computed_scalar(graph, p)
+                   for p, _ in adj.data_in[loss]):
+                # a term computed from the weights alone (an L2 penalty) added to it: the
+                # sum is the loss, not a scaling of it (a loss scale is a variable's read)
+                break
             loss = ins[0]
         if loss not in losses:
             losses.append(loss)
@@ -984,6 +989,28 @@ def _find_seed(graph: Graph, topo: tuple[int, ...], cat: list[str | None]) -> in
 
     best = max(seeds, key=lambda s: (reach(s), -s), default=None)
     return best
+
+
+#: Ops that hand a value on: a scalar behind them is what they read.
+_HANDS_ON = frozenset({"Cast", "Identity", "StopGradient", "Snapshot", "BroadcastTo", "Reshape",
+                       "ExpandDims", "Squeeze"})
+
+
+def _computed_scalar(graph: Graph, i: int) -> bool:
+    """Whether op ``i`` computes a floating-point scalar from floating-point values.
+
+    Not a constant, a feed or a variable's read, which it may only pass on (a cast), nor
+    a count cast from integers (Keras' ``fit`` weighs the loss by the batch's rows).
+    """
+    ops, adj = graph.ops, graph.adjacency
+    if not _float_scalar(ops[i]):
+        return False
+    while ops[i].type in _HANDS_ON and adj.data_in[i]:
+        p, port = adj.data_in[i][0]
+        if ops[p].outputs[port].dtype not in _FLOATS:
+            return False
+        i = p
+    return ops[i].type not in ("Const", "ReadVariableOp", "Placeholder", "_Arg")
 
 
 def _float_scalar(op: Op) -> bool:

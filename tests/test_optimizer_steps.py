@@ -217,3 +217,51 @@ def test_a_split_without_its_inputs_is_no_view():
     g = Graph((Op("x", "Placeholder", outputs=t(F, 4, 16)),
                Op("split", "Split", inputs=("x:0",), outputs=t(F, 4, 16))))
     assert {b.tensor: b.bytes for b in simulate(g, 1).buffers} == {"split:0": 256}
+
+
+def test_a_loss_with_a_weight_penalty_is_the_sum_when_the_step_returns_a_metric():
+    """loss = sum(relu(x @ w)) + 1e-4 * l2(w), recorded in a metric the step returns.
+
+    The loss only feeds the tape and a write (the metric's total), so the finder walks
+    back from it through values that only scale it for a write; the penalty, computed
+    from the weight alone, is a term of the loss, not a scale: the loss is the sum (it
+    was the cross-entropy's part, found by walking back into it).
+    """
+    ops = [
+        Op("x", "Placeholder", outputs=t(F, 2, 4)),
+        Op("w", "Placeholder", outputs=t("resource")),
+        Op("total", "Placeholder", outputs=t("resource")),
+        Op("axes", "Const", outputs=t("int32", 2), attrs={"value": (0, 1)}),
+        Op("lr", "Const", outputs=t(F), attrs={"value": (0.1,)}),
+        Op("decay", "Const", outputs=t(F), attrs={"value": (1e-4,)}),
+        Op("r", "ReadVariableOp", inputs=("w:0",), outputs=t(F, 4, 4)),
+        Op("mm", "MatMul", inputs=("x:0", "r:0"), outputs=t(F, 2, 4)),
+        Op("a", "Relu", inputs=("mm:0",), outputs=t(F, 2, 4)),
+        Op("ce", "Sum", inputs=("a:0", "axes:0"), outputs=t(F)),
+        Op("l2", "L2Loss", inputs=("r:0",), outputs=t(F)),
+        Op("pen", "Mul", inputs=("decay:0", "l2:0"), outputs=t(F)),
+        Op("loss", "AddV2", inputs=("ce:0", "pen:0"), outputs=t(F)),
+        Op("ones", "Const", outputs=t(F), attrs={"value": (1.0,)}),
+        Op("shape", "Shape", inputs=("a:0",), outputs=t("int32", 2)),
+        Op("g_tile", "BroadcastTo", inputs=("ones:0", "shape:0"), outputs=t(F, 2, 4)),
+        Op("g_relu", "ReluGrad", inputs=("g_tile:0", "a:0"), outputs=t(F, 2, 4)),
+        Op("g_mm", "MatMul", inputs=("x:0", "g_relu:0"), outputs=t(F, 4, 4),
+           attrs={"transpose_a": True}),
+        Op("g_pen", "Mul", inputs=("ones:0", "decay:0"), outputs=t(F)),
+        Op("g_l2", "Mul", inputs=("r:0", "g_pen:0"), outputs=t(F, 4, 4)),
+        Op("g_w", "AddN", inputs=("g_mm:0", "g_l2:0"), outputs=t(F, 4, 4)),
+        Op("upd", "Mul", inputs=("g_w:0", "lr:0"), outputs=t(F, 4, 4)),
+        Op("apply", "AssignSubVariableOp", inputs=("w:0", "upd:0")),
+        Op("record", "AssignAddVariableOp", inputs=("total:0", "loss:0")),
+        Op("metric", "ReadVariableOp", inputs=("total:0",), control_inputs=("record",),
+           outputs=t(F)),
+        Op("out", "Identity", inputs=("metric:0",), control_inputs=("apply",), outputs=t(F)),
+    ]
+    g = Graph(tuple(ops), "penalty")
+    o = order(g)
+    assert o.loss == "loss"
+    cats = _by_name(g, o.categories)
+    assert cats["ce"] == cats["loss"] == "forward"
+    assert cats["g_relu"] == cats["g_mm"] == cats["g_w"] == "backward"
+    # (the penalty and its gradient, computed from the weight alone, are taken for
+    # optimizer arithmetic, as weight decay is: "update")
