@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .errors import ConfigError
 from .evaluate import PlanEvaluation, evaluate_plan
 from .ir import Graph, fixed_batch
-from .memory import Simulation, fit_margin, fits, host_memory_limit, simulate
+from .memory import DEFAULT_SAFETY, Simulation, fit_margin, fits, host_memory_limit, simulate
 from .plan import Plan
 from .shapes import Sizes, resolve
 from .tune import (
@@ -108,7 +108,7 @@ def compare_plans(
     link: str = "pcie3",
     workspace: str = "accelerator",
     device_bytes: int | None = None,
-    safety: float = 1.0,
+    safety: float = DEFAULT_SAFETY,
     sizes: Sizes | None = None,
     before: Simulation | None = None,
 ) -> tuple[PlanSummary, ...]:
@@ -128,7 +128,8 @@ def compare_plans(
         Device memory each plan is checked against (:func:`lmscore.memory.fits`, with
         TensorFlow's host memory limit, :func:`lmscore.memory.host_memory_limit`).
     safety : float
-        Fraction of the free device memory the step may use.
+        Fraction of the free device memory the step may use (default the tuner's,
+        :data:`lmscore.memory.DEFAULT_SAFETY`, so that "fits" here is ``tune``'s).
     sizes, before : optional
         The original step's sizes and simulation at this batch, if the caller has them.
 
@@ -237,7 +238,7 @@ def batch_sweep(
     *,
     plan: Plan | None = None,
     batches: Sequence[int] | None = None,
-    safety: float = 1.0,
+    safety: float = DEFAULT_SAFETY,
     device: str = "V100",
     workspace: str = "accelerator",
     limit: int = 1 << 16,
@@ -263,7 +264,8 @@ def batch_sweep(
         Default: :func:`batch_grid` up to twice the largest batch that fits unplanned
         (and past the bound), with that batch and the next one included.
     safety : float
-        Fraction of the free device memory the step may use (:func:`lmscore.memory.fits`).
+        Fraction of the free device memory the step may use (:func:`lmscore.memory.fits`;
+        default the tuner's, :data:`lmscore.memory.DEFAULT_SAFETY`).
     device : str
         Preset of the time model.
     workspace : str

@@ -1173,7 +1173,7 @@ def _rows_indexed(graph: Graph, i: int, shapes: list) -> int | None:
         if len(ins) < 2 or ins[1] != (i, 0) or op.attrs.get("batch_dims", 0):
             continue
         rows = None
-        p, q = adj.data_in[c][0]
+        p, q = ins[0]
         if op.type in ("GatherV2", "Gather"):
             axis = _const_value(graph, c, 2) if op.type == "GatherV2" else (0,)
             params = shapes[p][q] if shapes[p] else None

@@ -23,7 +23,7 @@ from typing import Any
 
 from lmscore.compare import BatchSweep, PlanSummary, batch_sweep, compare_plans
 from lmscore.errors import ConfigError, LmsError, PlanError
-from lmscore.memory import DEFAULT_SAFETY, host_memory_limit
+from lmscore.memory import host_memory_limit
 from lmscore.plan import Plan, check_plan, empty_plan, plan_from_json
 from lmscore.units import format_bytes, parse_bytes
 
@@ -127,7 +127,7 @@ def summary_of(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, A
     def compute() -> PlanSummary:
         (s,) = compare_plans(loaded.graph, {name: plan}, batch, device=device, link=link,
                              workspace=workspace, device_bytes=budget, sizes=base.sizes,
-                             before=base.sim, safety=DEFAULT_SAFETY)
+                             before=base.sim)
         return s
 
     key = ("compare", loaded.key, batch, workspace, device, link, budget, name,
@@ -200,7 +200,7 @@ def run_sweep(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, An
         plan = plan_of(app, loaded, plan_json) if plan_json else None
         with app.slots.slot("the batch sweep"):
             sw = batch_sweep(loaded.graph, budget, plan=plan, device=settings.get("device", "V100"),
-                             link=settings.get("link", "pcie3"), safety=DEFAULT_SAFETY,
+                             link=settings.get("link", "pcie3"),
                              workspace=settings.get("workspace", "accelerator"),
                              ask_tuner=True, progress=progress)
     except LmsError as e:

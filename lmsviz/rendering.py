@@ -544,11 +544,11 @@ def _find_window(levels: Sequence[int], lvl: int, n_levels: int) -> tuple[int, i
     """
     counts = np.bincount(np.asarray(levels, dtype=np.int64), minlength=n_levels)
     total = np.concatenate(([0], np.cumsum(counts)))
-    for span in range(FIND_SPAN, -1, -1):
+    for span in range(FIND_SPAN, 0, -1):
         lo, hi = max(lvl - span, 0), min(lvl + span, n_levels - 1)
-        if total[hi + 1] - total[lo] <= figures.DETAIL_MAX_OPS or span == 0:
+        if total[hi + 1] - total[lo] <= figures.DETAIL_MAX_OPS:
             return lo, hi
-    return lvl, lvl  # (not reached: span 0 returns)
+    return lvl, lvl
 
 
 def _recompute_draws(loaded: LoadedGraph, plan: Plan) -> list[figures.RecomputeDraw]:

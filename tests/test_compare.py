@@ -105,7 +105,7 @@ def test_compare_plans_peaks_bytes_and_the_tuners_overhead():
     late = plan_from_params(g, 1, threshold=3, ahead=1)  # after e, right before f
     none, hidden, stalled = compare_plans(
         g, {"no plan": empty_plan(g), "early": early, "late": late}, 1, device_bytes=4096,
-        link="pcie3")
+        link="pcie3", safety=1.0)  # (exact byte budgets: no margin)
     assert (none.name, none.peak_bytes, none.peak_level, none.swap_bytes) == (
         "no plan", 8064, 3, 0)
     assert (hidden.peak_bytes, hidden.peak_level, hidden.swap_bytes,
@@ -132,23 +132,24 @@ def test_compare_plans_counts_what_a_recompute_clones():
 
 
 def test_batch_sweep_of_the_tiny_step():
+    # (the budgets here are exact byte counts: safety 1.0, no margin)
     g = tiny_step()
     # transient memory grows by 24 bytes per sample and the feed by 16: 108, 132, ... B
-    sw = batch_sweep(g, 200)
+    sw = batch_sweep(g, 200, safety=1.0)
     assert sw.batches == (1, 2, 3, 4, 5, 6, 8)
     assert sw.peak_bytes == (108, 132, 156, 188, 220, 252, 316)
     assert sw.max_without == 4  # 188 <= 200 < 220
     assert sw.bound >= sw.max_without and sw.plan_peak_bytes is None
     assert list(sw.step_seconds) == sorted(sw.step_seconds)
-    assert batch_sweep(g, 107, bound=False).max_without == 0
-    fixed = batch_sweep(g, 200, batches=[3, 1, 3], bound=False)
+    assert batch_sweep(g, 107, safety=1.0, bound=False).max_without == 0
+    fixed = batch_sweep(g, 200, safety=1.0, batches=[3, 1, 3], bound=False)
     assert (fixed.batches, fixed.peak_bytes, fixed.bound) == ((1, 3), (108, 156), 0)
 
 
 def test_batch_sweep_evaluates_a_plan_at_every_batch():
     g = long_edge(-1)  # 4000 B a sample for a and c
     plan = plan_from_params(g, 1, threshold=3, ahead=2)
-    sw = batch_sweep(g, 8192, plan=plan, batches=[1, 2], bound=False)
+    sw = batch_sweep(g, 8192, safety=1.0, plan=plan, batches=[1, 2], bound=False)
     assert sw.peak_bytes == (8064, 16128) and sw.plan_peak_bytes == (4096, 8192)
     assert (sw.max_without, sw.max_with_plan) == (1, 2)
 
@@ -189,11 +190,13 @@ def batched_long_edge():
 def test_batch_sweep_counts_the_plans_host_memory():
     g = batched_long_edge()
     plan = plan_from_params(g, 1, threshold=3, ahead=2)  # a:0 to the host
-    sw = batch_sweep(g, 9000, plan=plan, batches=[1, 2, 3], bound=False, host_bytes=1 << 30)
+    sw = batch_sweep(g, 9000, safety=1.0, plan=plan, batches=[1, 2, 3], bound=False,
+                     host_bytes=1 << 30)
     assert sw.plan_host_bytes == (4000, 8000, 12000) and sw.host_bytes == 1 << 30
     assert sw.max_with_plan == 2  # batch 3: 12288 B on the device
     # host memory for one sample's swap only: the plan fits batch 1 alone
-    sw = batch_sweep(g, 9000, plan=plan, batches=[1, 2, 3], bound=False, host_bytes=5000)
+    sw = batch_sweep(g, 9000, safety=1.0, plan=plan, batches=[1, 2, 3], bound=False,
+                     host_bytes=5000)
     assert sw.max_with_plan == 1 and sw.next_batch == 0 and sw.next_message == ""
 
 

@@ -28,7 +28,6 @@ from browser_kit import (
 
 import lmscore
 from lmscore.compare import batch_sweep
-from lmscore.memory import DEFAULT_SAFETY
 from lmscore.samples import sample_dir
 from lmscore.units import parse_bytes
 from lmsviz import figures
@@ -133,7 +132,7 @@ def test_compare_the_current_plan_with_a_saved_one(browser: Any) -> None:
 
 def test_the_batch_plot_marks_the_largest_batch_that_fits(browser: Any) -> None:
     g = lmscore.load(str(sample_dir() / "mlp.pb"))
-    sw = batch_sweep(g, parse_bytes(BUDGET), safety=DEFAULT_SAFETY)
+    sw = batch_sweep(g, parse_bytes(BUDGET))  # the tuner's safety, as the page
     assert "press the button" in text(browser, "batch-note")
     click(browser, "batch-run")
     note = wait(browser, lambda: "largest batch that fits" in (t := text(browser, "batch-note"))
