@@ -425,6 +425,7 @@ def inspect_report(
         "host_peak_bytes": sim.host_peak_bytes,
         "swap_ops": sum(1 for op in graph.ops if op.attrs and op.attrs.get("_lms_role")),
         **_unknown_report(unknown),
+        "at_most_size_tensors": list(sim.at_most_size_tensors),
         "hotspots": [
             {
                 "tensor": h.tensor,
@@ -470,6 +471,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if report["unknown_size_tensors"]:
         print(_unknown_line(report["unknown_size_tensors"], report["unknown_size_examples"],
                             "the peak leaves them out"))
+    if report["at_most_size_tensors"]:
+        print(_at_most_line(report["at_most_size_tensors"],
+                            "on real data the peak may be lower"))
     print(f"\n  tensors alive at the peak (largest {len(report['hotspots'])}):")
     print(_table(
         ["tensor", "size", "from", "to", "dist", "category", "swap"],
@@ -520,6 +524,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if result.unknown_size_tensors:
         print(_unknown_line(len(result.unknown_size_tensors), result.unknown_size_tensors,
                             "the simulation leaves them out"))
+    if result.at_most_size_tensors:
+        print(_at_most_line(result.at_most_size_tensors,
+                            "on these data they may be smaller"
+                            + (", which a ratio above 1 may show" if report["ratio"] > 1.05
+                               else "")))
     if result.xla_functions:
         print(f"  XLA compiles {len(result.xla_functions)} function(s) of the step "
               f"({', '.join(result.xla_functions[:3])}): on the CPU their buffers are not in "
@@ -829,6 +838,12 @@ def _unknown_line(count: int, examples: Sequence[str], consequence: str) -> str:
     """The line that names the tensors of unknown size, and what they leave out."""
     return (f"  {count} tensor(s) of unknown size counted as 0 bytes "
             f"({', '.join(examples[:3])}): {consequence}")
+
+
+def _at_most_line(tensors: Sequence[str], consequence: str) -> str:
+    """The line that names the tensors whose size the data's values decide."""
+    return (f"  {len(tensors)} tensor(s) whose size the data decide counted at their most "
+            f"({', '.join(tensors[:3])}): {consequence}")
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:

@@ -225,6 +225,9 @@ class Simulation:
         after the op that waits for its swap-out has allocated (:func:`_release_races`).
         The peak is the expected course; a budget must hold ``peak_bytes + race_bytes``
         (:attr:`worst_peak_bytes`).
+    at_most_size_tensors : tuple of str
+        Tensors whose size the data's values decide, counted at the most it can be
+        (:attr:`lmscore.shapes.Sizes.at_most`): the peak may be lower on real data.
     """
 
     device_curve: tuple[int, ...]
@@ -241,6 +244,7 @@ class Simulation:
     level_peak_position: tuple[int, ...] = ()
     peak_position: int = 0
     race_bytes: int = 0
+    at_most_size_tensors: tuple[str, ...] = ()
 
     @property
     def worst_peak_bytes(self) -> int:
@@ -648,6 +652,7 @@ def _simulate(
         level_peak_position=tuple(level_pos),
         peak_position=peak_pos,
         race_bytes=max(worst - peak, 0),
+        at_most_size_tensors=sizes.at_most,
     )
 
 

@@ -18,6 +18,8 @@ has ``batch * 128`` rows. Rules, first match wins for each unknown dimension:
 
 Whatever is still unknown (unknown rank, other dimensions, variant or string dtypes)
 is reported in :attr:`Sizes.unknown` and counts as 0 bytes in the simulation, never 1.
+Sizes that only the data decide (``Where``'s coordinates, ``Unique``'s distinct values)
+are taken at the most they can be and named in :attr:`Sizes.at_most`.
 """
 
 from __future__ import annotations
@@ -71,6 +73,10 @@ class Sizes:
     values : dict
         Values of the small integer tensors (shapes, axes, permutations) that could be
         evaluated, keyed by ``(op index, port)``, flattened.
+    at_most : tuple of str
+        Tensors whose size depends on the values of the data (one row per true element,
+        per distinct value), counted at the most it can be: a dense mask's or table's
+        figure. The tensors computed from them follow these sizes.
     """
 
     batch_size: int
@@ -80,6 +86,7 @@ class Sizes:
     assumed: tuple[str, ...]
     variable_bytes: dict[str, int]
     values: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
+    at_most: tuple[str, ...] = ()
 
 
 @gc_paused()
@@ -230,6 +237,12 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
     if lists:
         _size_tensor_lists(graph, ordering.topo, shapes, vals, nbytes, unknown, batch_size)
     var_bytes = _variable_bytes(graph, shapes, nbytes)
+    at_most = tuple(
+        f"{op.name}:{port}" for i, op in enumerate(ops) if op.type in AT_MOST
+        for port in AT_MOST[op.type]
+        if port < len(op.outputs) and -1 in (op.outputs[port].shape or (-1,))
+        and nbytes[i][port] > 0
+    )
     return Sizes(
         batch_size=batch_size,
         shapes=tuple(map(tuple, shapes)),
@@ -238,7 +251,14 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
         assumed=tuple(assumed),
         variable_bytes=var_bytes,
         values={k: v[1] for k, v in vals.items()},
+        at_most=at_most,
     )
+
+
+#: Ops whose outputs' sizes only their input values decide, and those outputs
+#: (:func:`_shape_from_values` gives the most they can be).
+AT_MOST: Mapping[str, tuple[int, ...]] = MappingProxyType(
+    {"Where": (0,), "Unique": (0,), "UniqueWithCounts": (0, 2)})
 
 
 def _recorded_sizes(

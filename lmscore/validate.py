@@ -75,6 +75,10 @@ class Validation:
         allocation records, so the measured peak leaves them out, and the simulation
         counts their ops as TensorFlow would run them, where XLA fuses them: the ratio is
         no check of them (a grouped convolution's step simulated at 2.0 of measured).
+    at_most_size_tensors : tuple of str
+        Tensors whose size the data's values decide (``Where``, ``Unique``), simulated at
+        the most they can be: on the synthetic data they may be smaller, and the ratio
+        above 1 by their difference.
     """
 
     batch_size: int
@@ -95,6 +99,7 @@ class Validation:
     divergence: str = ""
     xla_functions: tuple[str, ...] = ()
     unknown_size_tensors: tuple[str, ...] = ()
+    at_most_size_tensors: tuple[str, ...] = ()
 
     @property
     def diverged(self) -> bool:
@@ -108,6 +113,7 @@ class Validation:
         d["diverged"] = self.diverged
         d["xla_functions"] = list(self.xla_functions)
         d["unknown_size_tensors"] = list(self.unknown_size_tensors)
+        d["at_most_size_tensors"] = list(self.at_most_size_tensors)
         return d
 
 
@@ -195,6 +201,7 @@ def validate(graph: Graph, batch_size: int, *, steps: int = 2, seed: int = 0,
         divergence=divergence(m.losses, m.finite),
         xla_functions=xla_functions(graph.graphdef),
         unknown_size_tensors=tuple(sizes.unknown),
+        at_most_size_tensors=tuple(sizes.at_most),
     )
 
 

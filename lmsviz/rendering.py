@@ -391,6 +391,9 @@ def summary(loaded: LoadedGraph, base: Base, plan: Plan, plan_data: dict[str, An
     if sim.unknown_size_tensors:
         items.append(item("unknown sizes", f"{len(sim.unknown_size_tensors)} tensors counted "
                           "as 0 bytes", "unknown"))
+    if sim.at_most_size_tensors:
+        items.append(item("data-dependent sizes", f"{len(sim.at_most_size_tensors)} tensors "
+                          "counted at their most", "at-most"))
     return items
 
 

@@ -643,3 +643,26 @@ def test_a_usage_error_points_at_the_right_help(capsys):
     assert "invalid choice: 'swap'" in line and line.endswith("(see 'lms -h')")
     line = _one_error_line(capsys, _run(["tune", "mlp"]))
     assert "--budget" in line and line.endswith("(see 'lms tune -h')")
+
+
+def test_inspect_names_the_sizes_only_the_data_decide(tmp_path):
+    """``Where``'s coordinates, one row per true element, are counted for every element:
+    the report says so in one line (and in the JSON), as a bound, not a measurement."""
+    gd = graph_pb2.GraphDef()
+    for name, op, inputs, shape in (("x", "Placeholder", [], [-1, 20]),
+                                    ("mask", "IsFinite", ["x"], [-1, 20]),
+                                    ("where", "Where", ["mask"], [-1, 2])):
+        n = gd.node.add(name=name, op=op)
+        n.input.extend(inputs)
+        n.attr["T"].type = 10 if op == "Where" else 1  # bool, float
+        n.attr["dtype"].type = 1
+        s = n.attr["_output_shapes"].list.shape.add()
+        for d in shape:
+            s.dim.add(size=d)
+    path = tmp_path / "mask.pb"
+    path.write_bytes(gd.SerializeToString())
+    r = lms("inspect", str(path), "--batch-size", "4")
+    assert r.returncode == 0, r.stderr
+    assert "1 tensor(s) whose size the data decide counted at their most (where:0)" in r.stdout
+    r = lms("inspect", str(path), "--batch-size", "4", "--json")
+    assert json.loads(r.stdout)["at_most_size_tensors"] == ["where:0"]

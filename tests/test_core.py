@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from graphs import TINY_CATEGORIES, TINY_CURVE_B2, TINY_LEVELS, t, tiny_step
 
@@ -276,6 +278,13 @@ def test_a_where_counts_every_element_and_a_sparse_product_its_dense_rows():
     assert s.shapes[g.index["values"]] == ((80,),)
     assert s.shapes[g.index["h"]] == ((4, 16),)
     assert s.unknown == ()
+    # the coordinates' count is the data's: named, so that a report can say it is a most
+    assert s.at_most == ("where:0",)
+    assert simulate(g, 4, sizes=s).at_most_size_tensors == ("where:0",)
+    # with a known size, nothing is taken at its most
+    fixed = Graph(tuple(dataclasses.replace(op, outputs=t("int64", 80, 2))
+                        if op.name == "where" else op for op in ops))
+    assert resolve(fixed, 4).at_most == ()
 
 
 def test_a_strided_slice_resolves_every_dimension():
