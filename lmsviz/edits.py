@@ -31,7 +31,7 @@ from lmscore.plan import (
 )
 from lmscore.units import parse_bytes
 
-from . import figures
+from . import figures, rendering
 from .files import decode_upload
 from .results import base_of, live_row, plan_digest, plan_of
 from .state import (
@@ -703,6 +703,7 @@ def _dispatch(app: AppContext, trigger: str | None, values: dict[str, Any],
         tensor = cell.get("row_id")
         if not tensor:
             return Update()
+        tensor = rendering.row_tensor(str(tensor))
         if cell.get("column_id") == "swap":
             return toggle_swap(app, g, s, p, v, tensor)
         if cell.get("column_id") == "recompute":

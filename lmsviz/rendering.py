@@ -253,13 +253,13 @@ def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1,
                                        swappable=False, reason=r.held or "kernel workspace")
             listed.append((t, r.bytes, r.kind))
     rows = []
-    seen = set()
+    seen: dict[str, int] = {}
     for t, nbytes, held in listed:
         # a row is a buffer; a toggle edits the tensor of it that is read farthest away
         tensor = t.swap_tensor or t.tensor
-        if tensor in seen:  # two swap-ins of one tensor: one row (the largest first)
-            continue
-        seen.add(tensor)
+        # a tensor kept for a near reader beside its swap-in for a far one, or two swap-ins
+        # of it: a row each (one was left out, 6 MiB short of the curve), ids kept unique
+        n = seen[tensor] = seen.get(tensor, 0) + 1
         on = t.tensor in swapped or t.swap_tensor in swapped
         again = t.tensor in recomputed or t.swap_tensor in recomputed
         if split_tensor(tensor)[0] in base.loaded.graph.index:
@@ -267,7 +267,7 @@ def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1,
         else:  # a kernel workspace or a loop's results: no tensor of the graph to name
             refused = t.reason
         rows.append({
-            "id": tensor, "tensor": t.tensor,
+            "id": tensor if n == 1 else f"{tensor}{ROW_COPY}{n}", "tensor": t.tensor,
             "mib": round(nbytes / figures.MIB, 3),
             "producer_level": t.producer_level, "last_use_level": t.last_use_level,
             "distance": t.distance, "category": t.category,
@@ -279,6 +279,20 @@ def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1,
             "recompute": RECOMPUTE_ON if again else (RECOMPUTE_OFF if not refused else SWAP_NO),
         })
     return rows
+
+
+#: What joins a tensor's name and a buffer's number in the id of its second and later
+#: rows (no TensorFlow name has it): :func:`row_tensor` takes it off.
+ROW_COPY = "@"
+
+
+def row_tensor(row_id: str) -> str:
+    """The tensor a table row's id names (:func:`hotspot_rows`).
+
+    >>> row_tensor("conv/BiasAdd:0@2")
+    'conv/BiasAdd:0'
+    """
+    return row_id.partition(ROW_COPY)[0]
 
 
 def _reason(message: str, tensor: str) -> str:
