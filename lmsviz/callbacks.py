@@ -163,17 +163,22 @@ def register(app: dash.Dash, state: AppContext) -> None:
 
     @app.callback(
         Output("download", "data", allow_duplicate=True),
+        Output("message", "children", allow_duplicate=True),
+        Output("message", "className", allow_duplicate=True),
         Input("plan-save", "n_clicks"), State("st-graph", "data"), State("st-plan", "data"),
         prevent_initial_call=True,
     )
-    def _save_plan(_n: Any, graph: Any, plan: Any) -> Any:
+    def _save_plan(_n: Any, graph: Any, plan: Any) -> tuple[Any, ...]:
+        # said where the user looks (the comparison's own line is in its closed panel)
         try:
-            name, text = files.plan_download(state, graph, plan or {})
-        except Exception as e:  # noqa: BLE001 - nothing to download; the log says why
-            if not isinstance(e, LmsError):
-                internal_error("plan download", e)
-            return no_update
-        return {"content": text, "filename": name, "type": "application/json"}
+            name, text, label = files.plan_download(state, graph, plan or {})
+        except LmsError as e:
+            return no_update, f"plan not saved: {e}", "message error"
+        except Exception as e:  # noqa: BLE001 - a bug must not leave the page without an answer
+            return no_update, internal_error("plan download", e), "message error"
+        kept = "; kept for comparison (compare plans)" if (plan or {}).get("json") else ""
+        return ({"content": text, "filename": name, "type": "application/json"},
+                f"downloaded {name}: {label}{kept}", "message ok")
 
     register_compare(app, state)
 

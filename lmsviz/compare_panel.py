@@ -29,7 +29,7 @@ from lmscore.units import format_bytes, parse_bytes
 
 from . import figures
 from .files import decode_upload
-from .results import base_of, plan_digest, plan_of
+from .results import base_of, plan_digest, plan_label, plan_of
 from .state import AppContext
 
 #: Plans a tab keeps for comparison (the oldest go first).
@@ -39,20 +39,6 @@ COLUMNS = [{"name": n, "id": i} for n, i in (
     ("plan", "plan"), ("device peak", "peak"), ("host peak", "host"),
     ("swapped · bytes", "swapped"), ("recomputed · bytes (clones)", "recomputed"),
     ("predicted overhead", "overhead"), ("predicted step", "step"), ("fits", "fits"))]
-
-
-def plan_label(plan: Plan) -> str:
-    """How many swaps and recomputes a plan makes, for the picker.
-
-    >>> plan_label(Plan("f"))
-    'nothing swapped or recomputed'
-    """
-    parts = []
-    if plan.swaps:
-        parts.append(f"{len(plan.swaps)} swapped")
-    if plan.recomputes:
-        parts.append(f"{len(plan.recomputes)} recomputed")
-    return ", ".join(parts) or "nothing swapped or recomputed"
 
 
 def remember(kept: list[dict[str, Any]] | None, fp: str, name: str, plan_json: str

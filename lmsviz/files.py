@@ -17,7 +17,7 @@ from lmscore.errors import GraphError
 from lmscore.rewrite import rewrite
 from lmscore.units import format_bytes
 
-from .results import plan_of
+from .results import plan_label, plan_of
 from .state import AppContext
 
 
@@ -85,11 +85,11 @@ def export_bundle(app: AppContext, graph_ref: dict[str, Any], plan_data: dict[st
 
 
 def plan_download(app: AppContext, graph_ref: dict[str, Any], plan_data: dict[str, Any]
-                  ) -> tuple[str, str]:
-    """The session's plan as a JSON file (name, text)."""
+                  ) -> tuple[str, str, str]:
+    """The session's plan as a JSON file: its name, its text, and what it holds."""
     loaded = app.resolve(graph_ref)
     plan = plan_of(app, loaded, plan_data.get("json"))
-    return f"{_stem(loaded.name)}.plan.json", plan.to_json()
+    return f"{_stem(loaded.name)}.plan.json", plan.to_json(), plan_label(plan)
 
 
 

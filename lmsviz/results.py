@@ -220,3 +220,17 @@ def live_row(base: Base, tensor: str) -> lmscore.LiveTensor | None:
     """
     row = base.row(tensor)
     return row if row is not None and tensor in (row.tensor, row.swap_tensor) else None
+
+
+def plan_label(plan: Plan) -> str:
+    """How many swaps and recomputes a plan makes, for the picker.
+
+    >>> plan_label(Plan("f"))
+    'nothing swapped or recomputed'
+    """
+    parts = []
+    if plan.swaps:
+        parts.append(f"{len(plan.swaps)} swapped")
+    if plan.recomputes:
+        parts.append(f"{len(plan.recomputes)} recomputed")
+    return ", ".join(parts) or "nothing swapped or recomputed"

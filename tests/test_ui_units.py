@@ -598,7 +598,7 @@ def test_export_is_byte_identical_to_the_cli(fresh, tmp_path):
         assert sorted(zf.namelist()) == ["mlp.lms.pb", "mlp.plan.json"]
         pb = zf.read("mlp.lms.pb")
         exported_plan = zf.read("mlp.plan.json").decode()
-    plan_name, plan_text = files.plan_download(fresh, s["graph"], up.plan)
+    plan_name, plan_text, _ = files.plan_download(fresh, s["graph"], up.plan)
     assert plan_name == "mlp.plan.json"
     plan_file = tmp_path / plan_name
     plan_file.write_text(plan_text)
@@ -788,7 +788,7 @@ def test_plan_files_keep_recomputes_and_version_1_files_still_load(fresh, tmp_pa
     edited = edits.toggle_recompute(fresh, s["graph"], s["settings"], loaded_v1.plan, s["view"],
                                  RELU)
     assert not edited.error and "recomputed instead of swapped" in edited.message
-    name, text = files.plan_download(fresh, s["graph"], edited.plan)
+    name, text, _ = files.plan_download(fresh, s["graph"], edited.plan)
     doc = json.loads(text)
     assert doc["version"] == 2 and [r["tensor"] for r in doc["recomputes"]] == [RELU]
     assert {w["tensor"] for w in doc["swaps"]} == set(plan_from_json(v1).swapped()) - {RELU}
