@@ -946,10 +946,17 @@ def _loss_like_results(graph: Graph) -> list[int]:
     every dimension 1: taken for a scalar, the seed was found to reach a returned value,
     and a constant 1 of the backward pass (the ``2 - 1`` of a square's gradient) won
     over it (a VAE's loss became its bias gradient). A loss is reduced to rank 0.
+
+    A function's returned values wait for its side effects (a control input each): where
+    some do, only those. The gradient of a loop or a ``tf.cond`` by an input no one
+    differentiates (``tf.linalg.expm``'s) is a scalar nothing reads, which the seed
+    reaches, so the seed was taken for a constant of the loss, and a constant 1 of the
+    backward pass for the seed (the loss became that gradient's ``Identity``).
     """
     ops = graph.ops
-    return [r for r in step_results(graph)
-            if _float_scalar(ops[r]) and ops[r].outputs[0].shape == ()]
+    scalars = [r for r in step_results(graph)
+               if _float_scalar(ops[r]) and ops[r].outputs[0].shape == ()]
+    return [r for r in scalars if ops[r].control_inputs] or scalars
 
 
 def _find_seed(graph: Graph, topo: tuple[int, ...], cat: list[str | None]) -> int | None:
