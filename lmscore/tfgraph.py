@@ -148,7 +148,41 @@ def graphdef_from_concrete_function(cf: tf.types.experimental.ConcreteFunction) 
     graph_def = cf.graph.as_graph_def(add_shapes=True)
     _add_missing_output_shapes(graph_def)
     _add_variable_shapes(cf, graph_def)
+    _inline_captured_constants(cf, graph_def)
     return graph_def.SerializeToString(deterministic=True)
+
+
+#: Largest captured constant written into the graph as a ``Const`` (bytes of its values).
+MAX_INLINED_BYTES = 64 * 2**20
+
+
+def _inline_captured_constants(cf: Any, graph_def: Any) -> None:
+    """Write the values of captured constants into the graph, as ``Const`` nodes.
+
+    A tensor made outside the function (a diffusion schedule, a mel filter bank) is
+    captured as a ``Placeholder`` fed by the caller, like the step's data: validation then
+    filled it with random numbers, and a schedule's square root became NaN. Variables,
+    and constants over :data:`MAX_INLINED_BYTES`, stay placeholders.
+    """
+    values = {}
+    for external, internal in cf.graph.captures:
+        if (isinstance(external, tf.Tensor) and hasattr(external, "numpy")
+                and external.dtype not in (tf.resource, tf.variant, tf.string)
+                and external.shape.is_fully_defined()
+                and external.shape.num_elements() * external.dtype.size <= MAX_INLINED_BYTES):
+            values[internal.op.name] = external
+    for node in graph_def.node:
+        value = values.get(node.name)
+        if value is None or node.op != "Placeholder":
+            continue
+        shapes = node.attr["_output_shapes"]
+        kept = type(shapes)()
+        kept.CopyFrom(shapes)
+        node.op = "Const"
+        node.ClearField("attr")
+        node.attr["dtype"].type = value.dtype.as_datatype_enum
+        node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value.numpy()))
+        node.attr["_output_shapes"].CopyFrom(kept)
 
 
 def _add_variable_shapes(cf: Any, graph_def: Any) -> None:

@@ -317,3 +317,33 @@ def test_graphdef_with_shapes_errors_name_the_source():
     with pytest.raises(GraphError, match="dangling.pb") as info:
         tfgraph.graphdef_with_shapes(bad.SerializeToString(), source="dangling.pb")
     assert "\n" not in str(info.value)
+
+
+def test_captured_constants_are_written_into_the_graph():
+    """A tensor made outside the step (a diffusion schedule) is captured: it was a
+    placeholder, which validation fed with random numbers (a schedule's square root became
+    NaN). Its values are in the graph now; variables stay placeholders."""
+    import numpy as np
+
+    schedule = tf.constant(np.linspace(0.1, 0.9, 200), tf.float32)
+    w = tf.Variable(tf.ones([16, 4]))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            a = tf.gather(schedule, tf.range(tf.shape(x)[0]))[:, None]
+            loss = tf.reduce_mean(tf.sqrt(a) * x @ w)
+        w.assign_sub(0.1 * tape.gradient(loss, w))
+        return loss
+
+    cf = step.get_concrete_function(tf.TensorSpec([None, 16], tf.float32))
+    gd = tf.compat.v1.GraphDef.FromString(tfgraph.graphdef_from_concrete_function(cf))
+    consts = [n for n in gd.node if n.op == "Const" and n.attr["value"].tensor.tensor_shape.dim
+              and n.attr["value"].tensor.tensor_shape.dim[0].size == 200]
+    assert len(consts) == 1
+    np.testing.assert_array_equal(tf.make_ndarray(consts[0].attr["value"].tensor),
+                                  schedule.numpy())
+    assert [d.size for d in consts[0].attr["_output_shapes"].list.shape[0].dim] == [200]
+    holders = {n.name: n.attr["dtype"].type for n in gd.node if n.op == "Placeholder"}
+    assert sorted(holders.values()) == sorted([tf.float32.as_datatype_enum,
+                                               tf.resource.as_datatype_enum])
