@@ -160,6 +160,16 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
         if known[0] is not None and op.type != "Transpose":
             shapes[i] = known[0]
             nbytes[i] = known[1]  # (None: counted below, in the order of the ops)
+            if specs and specs[0].shape == () and specs[0].dtype in _FLOAT_VALUE_DTYPES:
+                # a floating-point scalar of known inputs: its value may size a tensor
+                ins = adj.data_in[i]
+                if op.type == "Const":
+                    x = op.attrs.get("value")
+                    if x and len(x) == 1 and isinstance(x[0], float) and math.isfinite(x[0]):
+                        vals[(i, 0)] = ((), x)
+                elif ins and all(e in vals for e in ins):
+                    vals.update(((i, port), value)
+                                for port, value in _int_values(graph, i, vals, shapes).items())
             continue
         if op.type == "Const":
             same = constants.get((id(op.attrs), id(specs)))
@@ -910,11 +920,17 @@ def _bytes_from_peers(graph: Graph, out: dict[str, int]) -> None:
 Value = tuple[tuple[int, ...], tuple[int, ...]]  # (shape, flat values)
 #: Dtypes whose small tensors' values are computed (booleans as 0 and 1).
 _VALUE_DTYPES = frozenset({"int32", "int64", "bool"})
+#: Floating-point scalars of known inputs are evaluated too: a size computed in floating
+#: point from a shape (a mixture of experts' capacity, ``ceil(1.25 * tokens / experts)``,
+#: cast back to an integer) was left unknown, and the dispatch tensors it sized counted
+#: 0 bytes.
+_FLOAT_VALUE_DTYPES = frozenset({"float", "double", "half", "bfloat16"})
 _MAX_VALUE = 64
 _REDUCTIONS = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "All", "Any", "EuclideanNorm"})
 _BINARY = {
     "Add": lambda a, b: a + b, "AddV2": lambda a, b: a + b, "Sub": lambda a, b: a - b,
     "Mul": lambda a, b: a * b, "FloorDiv": lambda a, b: a // b if b else None,
+    "RealDiv": lambda a, b: a / b if b and isinstance(a, float) else None,
     "Maximum": max, "Minimum": min, "FloorMod": lambda a, b: a % b if b else None,
     # comparisons, as 0 and 1: a Select between permutations on a dimension's size
     # (tf.vectorized_map's matrix-vector products) takes one of them
@@ -936,7 +952,9 @@ def _int_values(
     t = op.type
     if t == "Const":  # most of them: a constant's decoded value, if it is an integer one
         attrs = op.attrs
-        if "value" not in attrs or not all(isinstance(x, int) for x in attrs["value"]):
+        if "value" not in attrs:
+            return {}
+        if not all(isinstance(x, int) for x in attrs["value"]):
             return {}
         shape = attrs.get("const_shape", op.outputs[0].shape if op.outputs else ())
         const = (tuple(shape or ()), tuple(attrs["value"]))
@@ -964,8 +982,13 @@ def _int_values(
         out = ((), (math.prod(in_shape(0)),))
     elif t == "Rank" and ins and in_shape(0) is not None:
         out = ((), (len(in_shape(0)),))
-    elif t in ("Cast", "Identity", "StopGradient") and v(0) is not None:
+    elif t in ("Identity", "StopGradient") and v(0) is not None:
         out = v(0)
+    elif t == "Cast" and v(0) is not None:
+        out = _cast(v(0), op.outputs[0].dtype)
+    elif t in _ROUNDINGS and v(0) is not None and len(v(0)[1]) == 1 and isinstance(
+            v(0)[1][0], float):
+        out = ((), (float(_ROUNDINGS[t](v(0)[1][0])),))
     elif t == "InvertPermutation" and v(0) is not None and len(v(0)[0]) == 1 and sorted(
         v(0)[1]
     ) == list(range(len(v(0)[1]))):
@@ -1073,6 +1096,27 @@ def _int_values(
         r0, r1 = _broadcast_gradient_args(v(0)[1], v(1)[1])
         return {0: ((len(r0),), r0), 1: ((len(r1),), r1)}
     return {} if out is None or len(out[1]) > _MAX_VALUE else {0: out}
+
+
+#: Roundings of a floating-point scalar (TensorFlow's ``Round`` rounds half to even, as
+#: Python's ``round``).
+_ROUNDINGS = {"Ceil": math.ceil, "Floor": math.floor, "Round": round}
+
+
+def _cast(value: Value, dtype: str) -> Value | None:
+    """``value`` cast to ``dtype``: a float truncated toward zero into an integer.
+
+    >>> _cast(((), (160.0,)), "int32"), _cast(((), (3,)), "float"), _cast(((2,), (1, 0)), "bool")
+    (((), (160,)), ((), (3.0,)), ((2,), (True, False)))
+    """
+    shape, xs = value
+    if dtype in _FLOAT_VALUE_DTYPES:
+        return (shape, tuple(float(x) for x in xs)) if len(xs) == 1 and not shape else None
+    if dtype == "bool":
+        return shape, tuple(bool(x) for x in xs)
+    if dtype in _VALUE_DTYPES:
+        return shape, tuple(int(x) for x in xs)  # (int() truncates toward zero, as TF)
+    return None
 
 
 def _strided_slice(op: Op, x, begin, end, strides) -> Value | None:
@@ -1359,6 +1403,13 @@ def _shape_from_values(
         if len(a_shape) == 2 and len(b) == 2:
             return (a_shape[1] if op.attrs.get("adjoint_a") else a_shape[0],
                     b[0] if op.attrs.get("adjoint_b") else b[1])
+    if t == "OneHot" and v(1) is not None and len(v(1)) == 1 and _known(in_shape(0)):
+        # the depth a computed value gives (a mixture of experts' capacity)
+        src, depth = in_shape(0), v(1)[0]
+        axis = op.attrs.get("axis", -1)
+        if depth >= 0 and isinstance(axis, int) and -1 <= axis <= len(src):
+            axis = len(src) if axis == -1 else axis
+            return (*src[:axis], depth, *src[axis:])
     if t == "Where" and len(ins) == 1 and _known(in_shape(0)):
         # one row of coordinates per true element: how many is known only from the data,
         # so every element (the most it can be, and what a dense mask gives). Filled with

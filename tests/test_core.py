@@ -254,6 +254,40 @@ def test_a_slice_takes_its_rows_from_begin_and_size():
     assert s.unknown == ()
 
 
+def test_a_size_computed_in_floating_point_from_a_shape_is_evaluated():
+    """A mixture of experts' capacity, ``ceil(1.25 * tokens / experts)`` cast back to an
+    integer, sizes its dispatch one-hot: left unknown, the one-hot and the dispatch tensors
+    counted 0 bytes (a switch layer simulated at 0.078 of measured)."""
+    f = "float"
+
+    def const(name, dtype, value, *shape):
+        return Op(name, "Const", outputs=t(dtype, *shape), attrs={"value": value})
+
+    ops = (
+        Op("x", "Placeholder", outputs=t(f, -1, 32)),
+        Op("pos", "Placeholder", outputs=t("int32", -1)),
+        Op("shape", "Shape", inputs=("x:0",), outputs=t("int32", 2)),
+        const("zero", "int32", (0,), 1), const("one", "int32", (1,), 1),
+        Op("n", "StridedSlice", inputs=("shape:0", "zero:0", "one:0", "one:0"),
+           outputs=t("int32"), attrs={"shrink_axis_mask": 1}),
+        Op("nf", "Cast", inputs=("n:0",), outputs=t(f)),
+        const("factor", f, (1.25,)), const("experts", f, (4.0,)),
+        Op("scaled", "Mul", inputs=("factor:0", "nf:0"), outputs=t(f)),
+        Op("per", "RealDiv", inputs=("scaled:0", "experts:0"), outputs=t(f)),
+        Op("up", "Ceil", inputs=("per:0",), outputs=t(f)),
+        Op("capacity", "Cast", inputs=("up:0",), outputs=t("int32")),
+        const("on", f, (1.0,)), const("off", f, (0.0,)),
+        Op("slots", "OneHot", inputs=("pos:0", "capacity:0", "on:0", "off:0"),
+           outputs=t(f, -1, -1), attrs={"axis": -1}),
+    )
+    g = Graph(ops)
+    s = resolve(g, 510)
+    assert s.values[(g.index["per"], 0)] == (159.375,)
+    assert s.values[(g.index["capacity"], 0)] == (160,)
+    assert s.shapes[g.index["slots"]] == ((510, 160),)
+    assert s.unknown == ()
+
+
 def test_a_where_counts_every_element_and_a_sparse_product_its_dense_rows():
     """``tf.sparse.from_dense(x)``: ``Where`` gives a row of coordinates per true element,
     at most every element; the sparse product's rows are its dense shape's, not the
