@@ -653,6 +653,18 @@ def _resolve_one(
         # a time-major stack of a list's elements: an element's unknown first dimension is
         # the batch, as where the list is made (_size_tensor_lists)
         dims[1] = batch
+    if op.type == "StridedSliceGrad" and len(ins) == 5 and ins[1][0] == (1,) and ins[4][0]:
+        # x[t] or x[a:b] of a sequence a loop reads (its begin computed, so the shape the
+        # gradient is given comes out of a list): the rows' dimensions are the incoming
+        # gradient's (left unknown, three sequence-sized gradients a step counted 0 bytes)
+        a = op.attrs
+        dy = ins[4][0]
+        lost = a.get("shrink_axis_mask", 0)
+        if lost in (0, 1) and not a.get("new_axis_mask", 0) and not a.get("ellipsis_mask", 0) \
+                and len(dy) == len(dims) - lost:
+            for j in range(1, len(dims)):
+                if dims[j] == -1:
+                    dims[j] = dy[j - lost]
     if op.type == "Transpose" and len(ins) == 2:
         perm = _const_value(graph, i, 1)
         src = ins[0][0]
@@ -1853,6 +1865,12 @@ def _loop_kind(
             if src >= 0:
                 return "refs", src
         m = arg_of.get(x)
+        if m is not None and m != k and m < len(rets) and rets[m] and arg_of.get(
+                value_through(body, _body_ref(rets[m], args, nodes))) == m:
+            # rows of a loop variable passed on unchanged (a sequence the loop reads,
+            # z[t]): the list holds that variable's memory, which lives as long as the
+            # list (its gradient's zeros_like, written in place, was a second buffer)
+            return "refs", m
         if m is not None and m != k and m < len(rets):
             # The previous value of loop variable m: if another list pushes m's new
             # value, both lists hold the same buffers (all but the first).
@@ -1875,10 +1893,16 @@ def _row_source(body: Graph, tensor: str) -> str:
         if op is None or op.type != "StridedSlice" or len(op.inputs) != 4 or not op.outputs:
             return tensor
         consts = []
-        for ref in op.inputs[1:]:
+        for k, ref in enumerate(op.inputs[1:]):
             src = body.index.get(ref.rpartition(":")[0])
             value = body.ops[src].attrs.get("value") if src is not None and body.ops[
                 src].type == "Const" else None
+            if value is None and k < 2 and src is not None:
+                # a computed bound (x[t] of a loop's counter): only its length matters
+                port = int(ref.rpartition(":")[2] or 0)
+                spec = body.ops[src].outputs[port] if port < len(body.ops[src].outputs) \
+                    else None
+                value = (0,) if spec is not None and spec.shape == (1,) else None
             consts.append(value if isinstance(value, tuple) else None)
         if not row_slice_view(op.attrs, *consts, op.outputs[0].shape, op.outputs[0].dtype):
             return tensor
