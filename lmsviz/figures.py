@@ -253,11 +253,92 @@ def short_name(name: str, width: int = 28) -> str:
     """The tail of a long op or tensor name, as a label next to its point.
 
     >>> short_name("model/block1/conv/Conv2D:0"), short_name("a" * 40, 10)
-    ('block1/conv/Conv2D:0', '…aaaaaaaaa')
+    ('…/block1/conv/Conv2D:0', '…aaaaaaaaa')
     """
     parts = name.split("/")
     tail = "/".join(parts[-3:])
+    if len(parts) > 3:
+        tail = "…/" + tail  # (without the mark, a tail reads as another op's whole name)
     return tail if len(tail) <= width else "…" + name[-(width - 1):]
+
+
+def window_names(names: Sequence[str], width: int = 30) -> list[str]:
+    """Labels for the ops of a window: the shortest tails of their names that tell them apart.
+
+    Cut to one width, ``conv5_block1_0_conv/BiasAdd/BiasAddGrad`` and its ``_3`` sibling
+    both read ``…1/BiasAdd/BiasAddGrad``. A tail that still matches another op's beyond
+    ``width`` characters is cut from the left (the hover names the op in full).
+
+    >>> window_names(["m/b0/conv/BiasAddGrad", "m/b3/conv/BiasAddGrad", "m/b0/Relu"])
+    ['…/b0/conv/BiasAddGrad', '…/b3/conv/BiasAddGrad', '…/b0/Relu']
+    >>> window_names(["x", "dense/MatMul"])
+    ['x', 'dense/MatMul']
+    """
+    parts = [n.split("/") for n in names]
+    depth = [min(2, len(p)) for p in parts]
+    for _ in range(max((len(p) for p in parts), default=0)):
+        seen: dict[str, int] = {}
+        for k, p in enumerate(parts):
+            tail = "/".join(p[-depth[k]:])
+            seen[tail] = seen.get(tail, 0) + 1
+        clash = [k for k, p in enumerate(parts)
+                 if seen["/".join(p[-depth[k]:])] > 1 and depth[k] < len(p)]
+        if not clash:
+            break
+        for k in clash:
+            depth[k] += 1
+    tails = ["/".join(p[-d:]) for p, d in zip(parts, depth, strict=True)]
+    out = [t if len(t) <= width else "…" + t[-(width - 1):] for t in tails]
+    for k, t in enumerate(tails):
+        if t == names[k] or len(t) > width:
+            continue
+        out[k] = "…/" + t if len(t) + 2 <= width else "…" + t[-(width - 1):]
+    count: dict[str, int] = {}
+    for label in out:
+        count[label] = count.get(label, 0) + 1
+    # cut to the width, two tails may end alike: their middles go instead, or the labels
+    head = width // 3
+    for k, label in enumerate(out):
+        if count[label] > 1:
+            t = tails[k]
+            out[k] = t[:head] + "…" + t[-(width - head - 1):]
+    count = {}
+    for label in out:
+        count[label] = count.get(label, 0) + 1
+    return [label if count[label] == 1 else "" for label in out]
+
+
+#: The ordering view's plotting area in pixels, as a wide window draws it, and a label's
+#: character width and line height at its 9 px font (:func:`placed_labels`).
+VIEW_PX = (1100.0, 260.0)
+CHAR_PX, LINE_PX = 5.2, 11.0
+
+
+def placed_labels(x: Sequence[float], y: Sequence[float], labels: Sequence[str],
+                  order: Sequence[int], x_span: float, y_span: float) -> list[str]:
+    """The labels that can be drawn above their points without covering each other.
+
+    Taken in ``order`` (the largest tensors' ops first), a label is kept where its box,
+    centred above its point in a view of :data:`VIEW_PX` over ``x_span`` by ``y_span``
+    data units, meets no kept one; the others are left to the hover. Drawn all at once,
+    the names of a level's ops, stacked a few pixels apart, covered one another.
+
+    >>> placed_labels([0, 0, 5], [0.0, 0.05, 0.0], ["conv", "relu", "add"], [0, 1, 2], 30, 6)
+    ['conv', '', 'add']
+    """
+    sx, sy = VIEW_PX[0] / max(x_span, 1e-9), VIEW_PX[1] / max(y_span, 1e-9)
+    kept: list[tuple[float, float, float, float]] = []
+    out = [""] * len(labels)
+    for k in order:
+        half = len(labels[k]) * CHAR_PX / 2
+        cx, cy = float(x[k]) * sx, float(y[k]) * sy
+        box = (cx - half, cx + half, cy + 4, cy + 4 + LINE_PX)
+        if any(box[0] < b[1] and b[0] < box[1] and box[2] < b[3] and b[2] < box[3]
+               for b in kept):
+            continue
+        kept.append(box)
+        out[k] = labels[k]
+    return out
 
 
 def memory_ticks(top_mib: float, target: int = 6) -> tuple[list[float], list[str]]:
@@ -342,7 +423,7 @@ def _short_words(what: str, width: int = 40) -> str:
     Cut as one string from the left, a line lost what the plan does with the buffer.
 
     >>> _short_words("swap-in of model/stage1/block2/conv/Conv2D:0")
-    'swap-in of block2/conv/Conv2D:0'
+    'swap-in of …/block2/conv/Conv2D:0'
     """
     return " ".join(short_name(w, width) if "/" in w else w for w in what.split(" "))
 
@@ -867,9 +948,16 @@ def window_traces(
     colors = [LANE_COLORS.get(c, "#111827") for c in cats[inside]]
     hover = [f"{ops.names[i]}<br>{ops.types[i]} · level {ops.levels[i]} · {cats[i]}"
              f"<br>{ops.shapes[i]}<br>{format_size(ops.nbytes[i])}" for i in inside.tolist()]
+    labels: list[str] = []
+    if labelled:
+        names = window_names([ops.names[i] for i in inside.tolist()])
+        sizes = np.asarray(ops.nbytes, dtype=np.float64)[inside]
+        labels = placed_labels(x[inside], y[inside], names,
+                               np.argsort(-sizes, kind="stable").tolist(),
+                               hi - lo + 1, len(LANES) + 0.2)
     op_trace = _scatter(
         x=x[inside], y=y[inside], mode="markers+text" if labelled else "markers",
-        name="ops", text=[short_name(ops.names[i], 22) for i in inside.tolist()],
+        name="ops", text=labels,
         textposition="top center", textfont={"size": 9, "color": "#374151"},
         hovertext=hover, hovertemplate="%{hovertext}<extra></extra>", customdata=inside,
         marker={"size": 9, "color": colors, "line": {"width": 1, "color": "#ffffff"}},

@@ -64,9 +64,25 @@ def test_a_drag_over_a_few_levels_draws_their_ops_one_by_one(browser: Any) -> No
     assert 8 < lo < 9 and 14 < hi < 15
     note = browser.find_element(By.ID, "window-note").text
     assert f"levels 8–15: {len(wanted)} ops drawn one by one" in note
-    labels = browser.execute_script(
-        FIGURE + "return Array.from(gd._fullData[arguments[0]].text);", figures.T_DETAIL_OPS)
-    assert figures.short_name(g.ops[wanted[0]].name, 22) in labels
+    # each label names one op, and no two of those drawn cover each other on the page
+    drawn = browser.execute_script(
+        FIGURE + "var t = gd._fullData[arguments[0]];"
+        "return Array.from(t.customdata).map((i, k) => [i, t.text[k]]);", figures.T_DETAIL_OPS)
+    names = dict(zip((i for i, _ in drawn),
+                     figures.window_names([g.ops[i].name for i, _ in drawn]), strict=True))
+    shown = [label for i, label in drawn if label]
+    assert shown and all(label == names[i] for i, label in drawn if label)
+    assert len(set(shown)) == len(shown)
+    boxes = browser.execute_script(
+        FIGURE + "var want = new Set(arguments[0]);"
+        "return Array.from(gd.querySelectorAll('.textpoint text'))"
+        ".filter(e => want.has(e.textContent)).map(e => {"
+        "var r = e.getBoundingClientRect(); return [r.left, r.right, r.top, r.bottom];});",
+        shown)
+    assert len(boxes) == len(shown)
+    covered = [(a, b) for k, a in enumerate(boxes) for b in boxes[k + 1:]
+               if a[0] < b[1] - 1 and b[0] < a[1] - 1 and a[2] < b[3] - 1 and b[2] < a[3] - 1]
+    assert not covered, covered
 
 
 def test_find_selects_the_op_and_zooms_to_it(browser: Any) -> None:
