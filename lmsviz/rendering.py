@@ -143,7 +143,8 @@ def _render(app: AppContext, session: dict[str, Any], *, full: bool, data: bool)
             note = no_update
     ahead = int(settings.get("knobs", {}).get("ahead", 1))
     with stage("rows"):
-        rows = hotspot_rows(base, plan, table_level, ahead=ahead, after=after)
+        rows = hotspot_rows(base, plan, table_level, ahead=ahead, after=after,
+                            keep=view.get("tensor"))
     styles = _row_styles(view.get("tensor"))
     where = ("selected level" if level is not None else
              "peak with the plan" if after else "peak")
@@ -224,7 +225,7 @@ def _swap_draws(loaded: LoadedGraph, plan: Plan) -> list[figures.SwapDraw]:
 
 
 def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1,
-                 after: After | None = None) -> list[dict[str, Any]]:
+                 after: After | None = None, keep: str | None = None) -> list[dict[str, Any]]:
     """Rows of the hotspot table: the tensors on the device at ``level``, largest first.
 
     Without ``after`` the rows are the unplanned step's (:func:`lmscore.hotspots`). With
@@ -233,7 +234,9 @@ def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1,
     swap-in holds it back, recomputed tensors as their clones' outputs. Each row says what
     the plan does with its tensor (``decision``), what holds it (``held``), and whether a
     hand edit would swap it (``swappable``) or recompute it (``recomputable``,
-    :meth:`Base.recompute_refused` with the ``ahead`` knob).
+    :meth:`Base.recompute_refused` with the ``ahead`` knob). ``keep``, a tensor the plan
+    swaps or recomputes that is not on the device there (the one just toggled), gets a
+    row of 0 MiB held "off the device here", so that the toggle stays in reach.
     """
     swapped = set(plan.swapped())
     recomputed = set(plan.recomputed())
@@ -252,6 +255,13 @@ def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1,
                                        last_use_level=level, distance=0, category="—",
                                        swappable=False, reason=r.held or "kernel workspace")
             listed.append((t, r.bytes, r.kind))
+        if keep and (keep in plan.swapped() or keep in plan.recomputed()) and not any(
+                keep in (t.tensor, t.swap_tensor) for t, _, _ in listed):
+            t = base.row(keep)
+            if t is not None:
+                if keep not in (t.tensor, t.swap_tensor):
+                    t = replace(t, tensor=keep, swap_tensor=keep)
+                listed.append((t, 0, OFF_DEVICE))
     rows = []
     seen: dict[str, int] = {}
     for t, nbytes, held in listed:
@@ -279,6 +289,10 @@ def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1,
             "recompute": RECOMPUTE_ON if again else (RECOMPUTE_OFF if not refused else SWAP_NO),
         })
     return rows
+
+
+#: How the table says that a tensor the plan moves is not on the device at its level.
+OFF_DEVICE = "off the device here"
 
 
 #: What joins a tensor's name and a buffer's number in the id of its second and later

@@ -1105,3 +1105,27 @@ def test_the_table_with_a_plan_lists_every_buffer_on_the_device(tmp_path):
         twice = [r for r in rows if rendering.ROW_COPY in r["id"]]
         assert twice and all(rendering.row_tensor(r["id"]) in {x["id"] for x in rows}
                              for r in twice)
+
+
+def test_a_toggled_row_stays_in_the_table_when_its_tensor_leaves_the_device(tmp_path):
+    """Swapping the top row at the peak moves its tensor off the device there: the table
+    of the peak with the plan lost the row, and with it the toggle to take the swap back."""
+    c = state.new_context("resnet50", None, upload_cap_bytes=MIB, data_dir=tmp_path)
+    s = session(c)
+    loaded = c.resolve(s["graph"])
+    base = results.base_of(c, loaded, s["settings"]["batch"])
+    top = rendering.hotspot_rows(base, results.plan_of(c, loaded, None), base.sim.peak_level)
+    row = next(r for r in top if r["swap"] == rendering.SWAP_OFF)
+    up = edits.toggle_swap(c, s["graph"], s["settings"], s["plan"], s["view"], row["id"])
+    assert not up.error and up.view["tensor"] == row["id"]
+    plan = results.plan_of(c, loaded, up.plan["json"])
+    after = results.after_of(c, base, plan)
+    level = after.evaluation.after.peak_level
+    plain = rendering.hotspot_rows(base, plan, level, after=after)
+    kept = rendering.hotspot_rows(base, plan, level, after=after, keep=row["id"])
+    mine = [r for r in kept if r["id"] == row["id"]]
+    assert mine and mine[0]["decision"] == rendering.SWAPPED
+    assert mine[0]["swap"] == rendering.SWAP_ON
+    assert not any(r["id"] == row["id"] for r in plain)  # off the device there
+    assert mine[0]["held"] == rendering.OFF_DEVICE and mine[0]["mib"] == 0
+    assert len(kept) == len(plain) + 1
