@@ -842,9 +842,11 @@ def _gradient_structure(
             if len(ins) != 1:  # (two such values summed: the total of a model's losses)
                 break
             if any(p not in in_pool and _computed_scalar(graph, p)
-                   for p, _ in adj.data_in[loss]):
+                   for p, _ in adj.data_in[loss]) and not _stopped(graph, ins[0], in_pool):
                 # a term computed from the weights alone (an L2 penalty) added to it: the
-                # sum is the loss, not a scaling of it (a loss scale is a variable's read)
+                # sum is the loss, not a scaling of it (a loss scale is a variable's read).
+                # Not where the value comes through tf.stop_gradient: no gradient is of
+                # it (a running average of the loss, 0.9 * ema + 0.1 * stop_gradient(l))
                 break
             loss = ins[0]
         if loss not in losses:
@@ -1001,6 +1003,21 @@ def _find_seed(graph: Graph, topo: tuple[int, ...], cat: list[str | None]) -> in
 #: Ops that hand a value on: a scalar behind them is what they read.
 _HANDS_ON = frozenset({"Cast", "Identity", "StopGradient", "Snapshot", "BroadcastTo", "Reshape",
                        "ExpandDims", "Squeeze"})
+
+
+def _stopped(graph: Graph, i: int, pool: set[int]) -> bool:
+    """Whether value ``i`` comes from the loss-like scalars of ``pool`` through a
+    ``StopGradient`` (followed back through ops with one input in ``pool``).
+    """
+    data_in = graph.adjacency.data_in
+    for _ in range(16):
+        if graph.ops[i].type == "StopGradient":
+            return True
+        ins = [p for p, _ in data_in[i] if p in pool]
+        if len(ins) != 1:
+            return False
+        i = ins[0]
+    return False
 
 
 def _computed_scalar(graph: Graph, i: int) -> bool:

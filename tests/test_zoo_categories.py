@@ -151,6 +151,41 @@ def test_a_matrix_exponential_leaves_the_loss_and_the_seed_as_they_are() -> None
     _check("expm", g, "zoo_loss", ("fwd/",))
 
 
+def test_a_running_average_of_the_loss_is_not_the_loss() -> None:
+    """``ema.assign(0.9 * ema + 0.1 * tf.stop_gradient(loss))``: the average is a float
+    scalar computed from the loss and only written; the walk back from it stopped at the
+    ``0.9 * ema`` term, taken for a penalty added to the loss, and the average became the
+    loss. No gradient is of a value behind ``tf.stop_gradient``."""
+    import tensorflow as tf
+
+    from lmscore.load import from_graphdef_bytes
+    from lmscore.tfgraph import graphdef_from_concrete_function
+
+    k = zoo._keras()
+    k.utils.set_random_seed(14)
+    model = k.Sequential([k.Input((64,)), k.layers.Dense(32, activation="relu"),
+                          k.layers.Dense(10)], name="ema")
+    opt = k.optimizers.Adam(1e-3)
+    opt.build(model.trainable_variables)
+    ema = tf.Variable(0.0)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            with tf.name_scope("fwd"):
+                value = tf.identity(tf.reduce_mean(
+                    tf.nn.sparse_softmax_cross_entropy_with_logits(y, model(x, training=True))),
+                    name="zoo_loss")
+        ema.assign(0.9 * ema + 0.1 * tf.stop_gradient(value))
+        grads = tape.gradient(value, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return value
+
+    cf = tf.function(step).get_concrete_function(*zoo._specs(None, (64,), ()))
+    cf.zoo_objects = (model, opt, ema)
+    g = from_graphdef_bytes(graphdef_from_concrete_function(cf), source="ema", text=False)
+    _check("ema", g, "zoo_loss", ("fwd/",))
+
+
 def test_the_gradient_through_a_learned_scale_is_backward() -> None:
     """Keras ``Attention(use_scale=True)`` multiplies the scores by a scalar weight: the
     gradient through it, the incoming gradient times that weight, read by the backward
