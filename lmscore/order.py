@@ -1006,8 +1006,9 @@ _HANDS_ON = frozenset({"Cast", "Identity", "StopGradient", "Snapshot", "Broadcas
 
 
 def _stopped(graph: Graph, i: int, pool: set[int]) -> bool:
-    """Whether value ``i`` comes from the loss-like scalars of ``pool`` through a
-    ``StopGradient`` (followed back through ops with one input in ``pool``).
+    """Whether value ``i`` comes from the scalars of ``pool`` through a ``StopGradient``.
+
+    Followed back through ops with one input in ``pool``.
     """
     data_in = graph.adjacency.data_in
     for _ in range(16):
