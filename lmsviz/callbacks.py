@@ -24,6 +24,7 @@ from lmscore.errors import LmsError
 
 from . import compare_panel, edits, files, rendering, tuning
 from .edits import Update
+from .results import plan_label
 from .state import TAB_CLAIM_JS, AppContext, ServerBusy
 
 _log = logging.getLogger("lmsviz")
@@ -237,6 +238,7 @@ def register_compare(app: dash.Dash, state: AppContext) -> None:
 
     @app.callback(
         Output("st-compare-plans", "data"), Output("compare-pick", "value"),
+        Output("compare-pick", "options", allow_duplicate=True),
         Output("compare-message", "children"), Output("compare-message", "className"),
         Input("plan-save", "n_clicks"), Input("st-plan", "data"), Input("compare-gate", "data"),
         Input("st-settings", "data"), State("st-graph", "data"),
@@ -246,29 +248,33 @@ def register_compare(app: dash.Dash, state: AppContext) -> None:
                    ) -> tuple[Any, ...]:
         fp = str((graph or {}).get("fingerprint", ""))
         if ctx.triggered_id == "st-settings":  # a later success clears a refusal shown here
-            return no_update, no_update, "", "message"
+            return no_update, no_update, no_update, "", "message"
         try:
             if ctx.triggered_id == "compare-gate":
                 name, loaded = compare_panel.read_upload(state, graph or {}, gate)
                 kept, pid = compare_panel.remember(kept, fp, name, loaded.to_json())
-                return kept, pid, f"{name}: {compare_panel.plan_label(loaded)}", "message ok"
+                # the picker gets its options with its value: a value it had no option for
+                # was dropped (the first plan loaded for comparison was never compared)
+                return (kept, pid, compare_panel.options(kept, fp),
+                        f"{name}: {plan_label(loaded)}", "message ok")
             source = (plan or {}).get("source")
             if not (plan or {}).get("json") or (ctx.triggered_id == "st-plan"
                                                 and source not in ("file", "saved")):
-                return no_update, no_update, "", "message"
+                return no_update, no_update, no_update, "", "message"
             p = compare_panel.plan_of(state, state.resolve(graph or {}), plan["json"])
             what = "saved" if ctx.triggered_id == "plan-save" else (
                 "loaded" if source == "file" else "restored")
             name = compare_panel.next_name(kept, what, p)
             kept, _ = compare_panel.remember(kept, fp, name, plan["json"])
             if what == "saved":
-                return kept, no_update, f"plan downloaded and kept for comparison as {name}", (
-                    "message ok")
-            return kept, no_update, "", "message"
+                return kept, no_update, no_update, (
+                    f"plan downloaded and kept for comparison as {name}"), "message ok"
+            return kept, no_update, no_update, "", "message"
         except LmsError as e:
-            return no_update, no_update, f"not kept for comparison: {e}", "message error"
+            return no_update, no_update, no_update, f"not kept for comparison: {e}", (
+                "message error")
         except Exception as e:  # noqa: BLE001 - a bug must not leave the page without an answer
-            return no_update, no_update, internal_error("compare", e), "message error"
+            return no_update, no_update, no_update, internal_error("compare", e), "message error"
 
     @app.callback(
         Output("compare-panel", "style"), Output("compare-open", "children"),

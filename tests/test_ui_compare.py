@@ -95,6 +95,34 @@ def apply_knobs(driver: Any, threshold: int, swaps: int) -> None:
          f"{swaps} swaps in the summary")
 
 
+def test_a_plan_file_is_compared_in_a_tab_that_kept_none(browser: Any,
+                                                         tmp_path: pathlib.Path) -> None:
+    """The picker got its value before it had the option for it, and dropped it: a tab's
+    first plan loaded for comparison was announced and never compared."""
+    from lmscore import load, tune
+    from lmscore.samples import sample_dir
+    from lmscore.units import parse_bytes
+
+    graph = load(str(sample_dir() / "mlp.pb"))
+    plan_file = tmp_path / "mlp_tuned.plan.json"
+    plan_file.write_text(tune(graph, 32, parse_bytes("13MiB"), safety=1.0).plan.to_json())
+    url = browser.current_url
+    first = browser.current_window_handle
+    browser.switch_to.new_window("tab")  # a tab of its own: nothing kept for comparison
+    try:
+        browser.get(url)
+        wait(browser, lambda: "at level" in text(browser, "sum-before"), "the page")
+        click(browser, "compare-open")
+        wait(browser, lambda: [r["plan"] for r in table(browser)] == ["no plan"], "no plan")
+        browser.find_element(By.CSS_SELECTOR, "#compare-upload input[type=file]").send_keys(
+            str(plan_file))
+        wait(browser, lambda: [r["plan"] for r in table(browser)]
+             == ["no plan", "mlp_tuned.plan.json"], "the loaded plan compared")
+    finally:
+        browser.close()
+        browser.switch_to.window(first)
+
+
 def test_compare_the_current_plan_with_a_saved_one(browser: Any) -> None:
     wait(browser, lambda: "at level" in text(browser, "sum-before"), "the page")
     type_into(browser, "budget", BUDGET)
