@@ -332,8 +332,28 @@ def host_memory_limit(environ: Mapping[str, str] | None = None) -> int:
 
 
 def transient_budget(device_bytes: int, persistent_bytes: int, safety: float = 1.0) -> int:
-    """Bytes a step's transient memory may use on a device: ``(device - persistent) x safety``."""
-    return int((device_bytes - persistent_bytes) * safety)
+    """Bytes a step's transient memory may use on a device: ``(device - persistent) x safety``.
+
+    Negative (persistent memory alone over the device): by how much, with no margin taken
+    off (scaled by ``safety``, the shortfall came out smaller than it is).
+
+    >>> transient_budget(100, 40, 0.9), transient_budget(100, 140, 0.9)
+    (54, -40)
+    """
+    free = device_bytes - persistent_bytes
+    return int(free * safety) if free > 0 else free
+
+
+def persistent_over(persistent_bytes: int, device_bytes: int) -> str:
+    """Why a step fits no device its persistent memory fills, in one phrase.
+
+    >>> persistent_over(200, 100)[-42:]
+    'r slots, constants) fills the 100 B device'
+    """
+    from .units import format_bytes
+
+    return (f"its persistent memory alone ({format_bytes(persistent_bytes)}: variables, "
+            f"optimizer slots, constants) fills the {format_bytes(device_bytes)} device")
 
 
 #: Kernel workspace models :func:`simulate` accepts (see its ``workspace`` parameter).

@@ -61,6 +61,7 @@ from .memory import (
     fit_margin,
     fits,
     host_memory_limit,
+    persistent_over,
     release_hold,
     simulate,
     transient_budget,
@@ -1171,9 +1172,7 @@ def _result(graph, batch, plan, fitted, budget, memory, base, sim, base_seconds,
                    f"{format_bytes(sim.peak_bytes)}, host {format_bytes(sim.host_peak_bytes)}"
                    f" of {format_bytes(host)}, predicted overhead {overhead:.1%}")
     elif reason == "bound" and base.persistent_bytes >= memory:
-        message = (f"does not fit: its persistent memory alone ("
-                   f"{format_bytes(base.persistent_bytes)}: variables, optimizer slots, "
-                   f"constants) fills the {format_bytes(memory)} device")
+        message = f"does not fit: {persistent_over(base.persistent_bytes, memory)}"
     elif reason == "bound":
         usable = format_bytes(budget + base.persistent_bytes)
         message = (f"does not fit: op {bound!r} alone needs {format_bytes(min_peak)} with "

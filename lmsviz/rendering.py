@@ -21,7 +21,13 @@ from dash import html, no_update
 import lmscore
 from lmscore.errors import ConfigError, PlanError
 from lmscore.ir import split_tensor
-from lmscore.memory import DEFAULT_SAFETY, Simulation, fit_margin, host_memory_limit
+from lmscore.memory import (
+    DEFAULT_SAFETY,
+    Simulation,
+    fit_margin,
+    host_memory_limit,
+    persistent_over,
+)
 from lmscore.memory import fits as fits_device
 from lmscore.plan import Plan, Recompute, empty_plan
 from lmscore.units import format_bytes, parse_bytes
@@ -346,7 +352,11 @@ def fit_verdict(sim: Simulation, budget: int, host_limit: int) -> tuple[str, str
     'fits (4 B to spare, 10% of the budget above persistent memory kept free)'
     >>> fit_verdict(sim, 90, 10**9)[0]
     'does not fit (over by 5 B, 10% of the budget above persistent memory kept free)'
+    >>> fit_verdict(sim, 30, 10**9)[0][:45]
+    'does not fit: its persistent memory alone (40'
     """
+    if sim.persistent_bytes >= budget:  # as the tuner says it
+        return f"does not fit: {persistent_over(sim.persistent_bytes, budget)}", "bad"
     margin = fit_margin(sim, budget, DEFAULT_SAFETY)
     kept = f"{100 - round(100 * DEFAULT_SAFETY)}% of the budget above persistent memory kept free"
     race = sim.worst_peak_bytes - sim.peak_bytes
