@@ -260,7 +260,9 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
         unknown=tuple(unknown),
         assumed=tuple(assumed),
         variable_bytes=var_bytes,
-        values={k: v[1] for k, v in vals.items()},
+        # (the floating-point scalars evaluated on the way are no shape's, axis' or
+        # permutation's: a reader of these values would take a float for an index)
+        values={k: v[1] for k, v in vals.items() if not (v[1] and isinstance(v[1][0], float))},
         at_most=at_most,
     )
 
@@ -976,6 +978,11 @@ def _int_values(
     def v(k: int) -> Value | None:
         return vals.get(ins[k]) if k < len(ins) else None
 
+    if t not in _FLOAT_ARITHMETIC and any(
+            (x := vals.get(e)) is not None and x[1] and isinstance(x[1][0], float)
+            for e in ins):
+        return {}  # floating-point values enter only arithmetic and casts
+
     def in_shape(k: int) -> tuple[int, ...] | None:
         p, port = ins[k]
         return shapes[p][port]
@@ -1108,6 +1115,11 @@ def _int_values(
         r0, r1 = _broadcast_gradient_args(v(0)[1], v(1)[1])
         return {0: ((len(r0),), r0), 1: ((len(r1),), r1)}
     return {} if out is None or len(out[1]) > _MAX_VALUE else {0: out}
+
+
+#: What reads floating-point values (:func:`_int_values`): a cast, arithmetic, roundings.
+_FLOAT_ARITHMETIC = frozenset({"Cast", "Identity", "StopGradient", "Mul", "RealDiv", "AddV2",
+                               "Add", "Sub", "Maximum", "Minimum", "Ceil", "Floor", "Round"})
 
 
 #: Roundings of a floating-point scalar (TensorFlow's ``Round`` rounds half to even, as
@@ -1325,7 +1337,9 @@ def _shape_from_values(
 
     def v(k: int) -> tuple[int, ...] | None:
         val = vals.get(ins[k]) if k < len(ins) else None
-        return val[1] if val is not None else None
+        if val is None or (val[1] and not isinstance(val[1][0], int)):
+            return None  # (a floating-point scalar is no size, axis or permutation)
+        return val[1]
 
     def in_shape(k: int) -> tuple[int, ...] | None:  # None for an input it lacks
         if k >= len(ins):

@@ -219,7 +219,7 @@ def batch_view(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, A
                       "press the button (it simulates the step at a dozen batch sizes and "
                       "asks the tuner about the next batch that does not fit).")
     if result.get("error"):
-        return None, f"batch sweep failed: {result['error']}"
+        return None, f"no batch plot: {result['error']}"
     sw = BatchSweep(**{k: tuple(v) if isinstance(v, list) else v
                        for k, v in result["sweep"].items()})
     plot = figures.BatchPlot(

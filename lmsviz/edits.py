@@ -33,7 +33,7 @@ from lmscore.units import parse_bytes
 
 from . import figures, rendering
 from .files import decode_upload
-from .results import base_of, live_row, plan_digest, plan_of
+from .results import base_of, counted, live_row, plan_digest, plan_of
 from .state import (
     AppContext,
     LoadedGraph,
@@ -255,7 +255,7 @@ def apply_knobs(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, 
         return refuse(f"knobs: {e}")
     store = _plan_changed(app, loaded, plan, "knobs")
     return Update(settings={**settings, "knobs": values}, plan=store,
-                  message=f"knobs applied: {len(plan.swaps)} tensors swapped")
+                  message=f"knobs applied: {counted(len(plan.swaps), 'tensor')} swapped")
 
 
 def plan_counts(plan: Plan) -> str:
@@ -265,10 +265,9 @@ def plan_counts(plan: Plan) -> str:
     >>> plan_counts(Plan("f", recomputes=(Recompute("a:0", ("a",), ("b",), "c"),)))
     '0 swaps, 1 recompute'
     """
-    text = f"{len(plan.swaps)} swaps"
+    text = counted(len(plan.swaps), "swap")
     if plan.recomputes:
-        n = len(plan.recomputes)
-        text += f", {n} recompute{'s' if n > 1 else ''}"
+        text += f", {counted(len(plan.recomputes), 'recompute')}"
     return text
 
 

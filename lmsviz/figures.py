@@ -224,17 +224,6 @@ def _scattergl(**props: Any) -> go.Scattergl:
     """A ``go.Scattergl``, checked only when :data:`VALIDATE` is set."""
     return go.Scattergl(_validate=VALIDATE, **props)
 
-def format_mib(n: float) -> str:
-    """Bytes as MiB or GiB text.
-
-    >>> format_mib(3 * 2**20), format_mib(5 * 2**30)
-    ('3.0 MiB', '5.00 GiB')
-    """
-    if abs(n) >= 2**30:
-        return f"{n / 2**30:.2f} GiB"
-    return f"{n / MIB:.1f} MiB"
-
-
 def format_size(n: float) -> str:
     """Bytes in the unit their magnitude calls for (B, KiB, MiB, GiB, TiB).
 
@@ -486,7 +475,7 @@ def ordering_traces(
         idx = np.flatnonzero(cats == c)
         text = [
             f"{ops.names[i]}<br>{ops.types[i]} · level {ops.levels[i]}<br>{ops.shapes[i]}"
-            f"<br>{format_mib(ops.nbytes[i])}"
+            f"<br>{format_size(ops.nbytes[i])}"
             for i in idx.tolist()
         ]
         traces.append(_scattergl(
@@ -523,7 +512,7 @@ def _aggregated_traces(ops: OpTable, max_points: int) -> tuple[list[go.Scattergl
         b = uniq[sel] // len(CATEGORIES)
         text = [
             (f"levels {lo}–{lo + width - 1}" if width > 1 else f"level {lo}")
-            + f" · {c}<br>{cnt} ops, {format_mib(tot)}<br>largest: {ops.names[j]} ({ops.types[j]})"
+            + f" · {c}<br>{cnt} ops, {format_size(tot)}<br>largest: {ops.names[j]} ({ops.types[j]})"
             for lo, cnt, tot, j in zip(
                 (b * width).tolist(), count[sel].tolist(), total[sel].tolist(),
                 largest[sel].tolist(), strict=True,

@@ -33,7 +33,7 @@ from lmscore.plan import Plan, Recompute, empty_plan
 from lmscore.units import format_bytes, parse_bytes
 
 from . import figures
-from .results import After, Base, after_of, base_of, plan_digest, plan_of
+from .results import After, Base, after_of, base_of, counted, plan_digest, plan_of
 from .state import (
     AppContext,
     LoadedGraph,
@@ -409,12 +409,12 @@ def summary(loaded: LoadedGraph, base: Base, plan: Plan, plan_data: dict[str, An
                             if after else "no plan"), "after"),
         item("host peak", f"{format_bytes(host_peak)} of {format_bytes(host_limit)} "
              "(TensorFlow's pinned host memory limit)", "host", "bad" if over_host else ""),
-        item("swapped", (f"{len(plan.swaps)} tensors, {format_bytes(after.swap_bytes)}; "
-                         f"{n_in} swap-ins ({n_sync} synchronous)" if after and plan.swaps
-                         else "nothing"),
-             "swapped"),
-        item("recomputed", (f"{len(plan.recomputes)} tensors, "
-                            f"{len(after.rewrite.clones)} ops cloned"
+        item("swapped", (f"{counted(len(plan.swaps), 'tensor')}, "
+                         f"{format_bytes(after.swap_bytes)}; "
+                         f"{counted(n_in, 'swap-in')} ({n_sync} synchronous)"
+                         if after and plan.swaps else "nothing"), "swapped"),
+        item("recomputed", (f"{counted(len(plan.recomputes), 'tensor')}, "
+                            f"{counted(len(after.rewrite.clones), 'op')} cloned"
                             if after and plan.recomputes else "nothing"), "recomputed"),
         item("overhead", overhead, "overhead"),
         item("budget", fits, "fits", fits_cls),

@@ -234,3 +234,12 @@ def plan_label(plan: Plan) -> str:
     if plan.recomputes:
         parts.append(f"{len(plan.recomputes)} recomputed")
     return ", ".join(parts) or "nothing swapped or recomputed"
+
+
+def counted(n: int, word: str) -> str:
+    """``n`` and ``word``, plural unless one.
+
+    >>> counted(1, "tensor"), counted(3, "op")
+    ('1 tensor', '3 ops')
+    """
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"

@@ -282,7 +282,7 @@ def test_a_size_computed_in_floating_point_from_a_shape_is_evaluated():
     )
     g = Graph(ops)
     s = resolve(g, 510)
-    assert s.values[(g.index["per"], 0)] == (159.375,)
+    assert (g.index["per"], 0) not in s.values  # a float: no size, axis or index
     assert s.values[(g.index["capacity"], 0)] == (160,)
     assert s.shapes[g.index["slots"]] == ((510, 160),)
     assert s.unknown == ()

@@ -197,7 +197,7 @@ def test_recompute_a_tensor_by_hand_and_see_a_refusal(browser: Any) -> None:
          msg="the row shows its decision")
     assert "☑" in cell(browser, row, "recompute").text
     wait(browser, lambda: trace_len(browser, figures.T_AFTER) > 0, msg="after curve")
-    wait(browser, lambda: text(browser, "sum-recomputed") == "1 tensors, 1 ops cloned",
+    wait(browser, lambda: text(browser, "sum-recomputed") == "1 tensor, 1 op cloned",
          msg="the summary counts the recompute")
     assert "%" in text(browser, "sum-after") and text(browser, "sum-swapped") == "nothing"
     listed = text(browser, "recompute-list")
@@ -211,7 +211,7 @@ def test_recompute_a_tensor_by_hand_and_see_a_refusal(browser: Any) -> None:
     assert "error" in browser.find_element(By.ID, "edit-message").get_attribute("class"), t
     assert cell(browser, update, "recomputable").text == "cannot be recomputed: update op"
     assert cell(browser, row, "decision").text == "recomputed"
-    assert text(browser, "sum-recomputed") == "1 tensors, 1 ops cloned"
+    assert text(browser, "sum-recomputed") == "1 tensor, 1 op cloned"
     shot(browser, "02-recompute-refused.png")
     # the server is still there: undo by the same cell, the after curve goes
     cell(browser, row, "recompute").click()
@@ -232,7 +232,7 @@ def test_upload_a_graph_and_toggle_a_hotspot(browser: Any) -> None:
     toggle_a_hotspot(browser)
     wait(browser, lambda: trace_len(browser, figures.T_AFTER) > before, msg="after curve")
     wait(browser, lambda: text(browser, "sum-after") != "no plan", msg="peak after")
-    assert "1 tensors" in text(browser, "sum-swapped")
+    assert text(browser, "sum-swapped").startswith("1 tensor,")
     wait(browser, lambda: any("☑" in c.text for c in browser.find_elements(
         By.CSS_SELECTOR, '#hotspots td[data-dash-column="swap"]')), msg="the row is ticked")
     shot(browser, "02-hotspot-toggled.png")

@@ -708,7 +708,7 @@ def test_toggle_recompute_adds_then_removes_and_the_views_show_it(fresh):
     after = r.figure.data[figures.T_AFTER].y
     assert after is not None and len(after) == len(r.figure.data[figures.T_BEFORE].y)
     items = {item.children[1].id: item.children[1].children for item in r.summary}
-    assert items["sum-recomputed"] == "1 tensors, 1 ops cloned"
+    assert items["sum-recomputed"] == "1 tensor, 1 op cloned"
     assert items["sum-after"] != "no plan" and items["sum-swapped"] == "nothing"
     listed = str(r.recomputes)
     again = plan.recomputes[0]
