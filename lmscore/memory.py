@@ -973,6 +973,21 @@ def _buffers(
 
 
 _REDUCTIONS = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "All", "Any"})
+#: What names a loop's run-ahead buffers (``LOOP/ahead``, ``LOOP/ahead-current``,
+#: ``LOOP/ahead-wait-K``: :func:`_loop_effects`).
+RUN_AHEAD = "/ahead"
+
+
+def run_ahead(b: Buffer) -> bool:
+    """Whether ``b`` holds what a loop's early part computed ahead of the loop.
+
+    How much that is follows the schedule (how far ahead the early part gets), so it is
+    no part of the loop's own working set.
+    """
+    name = b.tensor.rpartition(RUN_AHEAD)
+    return bool(name[1]) and (not name[2] or name[2].startswith(("-current", "-wait-")))
+
+
 #: List reads whose output ``k`` is an element the list holds (no new buffer).
 _LIST_READS = {"TensorListGetItem": 0, "TensorListPopBack": 1}
 _WHILE_OPS = frozenset({"While", "StatelessWhile"})
@@ -1352,11 +1367,11 @@ def _loop_effects(
             start = levels[ordering.schedule[first]]
             if ahead > 0:
                 extra.append(Buffer(
-                    f"{op.name}/ahead", ahead, start, lvl, i, (i,), first=first, last=p
+                    f"{op.name}{RUN_AHEAD}", ahead, start, lvl, i, (i,), first=first, last=p
                 ))
             if first < p:  # the current iteration's share, until the loop itself runs
                 extra.append(Buffer(
-                    f"{op.name}/ahead-current", cost.ahead_bytes, start, levels[
+                    f"{op.name}{RUN_AHEAD}-current", cost.ahead_bytes, start, levels[
                         ordering.schedule[p - 1]], i, (), first=first, last=p - 1,
                 ))
         for since, until, per_iteration in cost.waits:
@@ -1367,7 +1382,7 @@ def _loop_effects(
                                   dataclasses.replace(cost, ahead_from=since), limit, until)
             first = since + 1
             extra.append(Buffer(
-                f"{op.name}/ahead-wait-{since}", per_iteration * w,
+                f"{op.name}{RUN_AHEAD}-wait-{since}", per_iteration * w,
                 levels[ordering.schedule[first]], levels[ordering.schedule[until]], i, (),
                 first=first, last=until,
             ))

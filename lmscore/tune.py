@@ -63,6 +63,7 @@ from .memory import (
     host_memory_limit,
     persistent_over,
     release_hold,
+    run_ahead,
     simulate,
     transient_budget,
 )
@@ -1102,7 +1103,9 @@ def _lower_bound(graph: Graph, base: Simulation) -> tuple[int, str]:
     """
     need = [0] * len(graph.ops)
     for b in base.buffers:
-        if b.host:
+        if b.host or run_ahead(b):
+            # (a loop's run-ahead: how far ahead its early part gets is the schedule's,
+            # which a plan changes; counted, the bound was over a knob plan's own peak)
             continue
         for i in {b.producer, *b.readers}:
             need[i] += b.bytes

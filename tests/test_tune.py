@@ -362,3 +362,23 @@ def test_a_buffer_idle_four_times_gets_options_over_all_four_when_three_do_not_c
         ("a:0", [(("r1",), "u1"), (("r2",), "u2"), (("r3",), "u3"), (("r4",), "u4")])]
     monkeypatch.setattr(sys.modules["lmscore.tune"], "WIDE_GAPS", 3)  # none wider: no plan
     assert not tune(g, 1, 6080, safety=1.0, strategy="swap", host_memory=10**9).fits
+
+
+def test_a_loops_run_ahead_is_no_part_of_its_bound():
+    """How far a loop's early part runs ahead follows the schedule, which a plan changes:
+    counted in the loop's working set, the LSTM's bound reached its unplanned peak (and a
+    loop's bound passed a knob plan's own peak: the page said "fits" where ``tune`` said
+    no plan could)."""
+    from lmscore import load, samples
+    from lmscore.memory import run_ahead
+
+    g = load(samples.find("lstm"))
+    sim = simulate(g, 16)
+    assert any(run_ahead(b) for b in sim.buffers)
+    assert tune_module()._lower_bound(g, sim)[0] <= sim.peak_bytes
+
+
+def tune_module():
+    import importlib
+
+    return importlib.import_module("lmscore.tune")  # lmscore.tune is also the function
