@@ -273,7 +273,8 @@ class Measurement:
         Every allocation of the measured step, and the release of each variable buffer
         replaced by a copy-on-write update (negative ``bytes``), ordered by time.
     losses : tuple[float, ...]
-        The loss (the float scalar output of the graph) after each step run.
+        The float scalar the step returns (its loss, or what it returns for it) after
+        each step run.
     variables : Mapping[str, numpy.ndarray]
         Final values of the variables, keyed by the name of the resource placeholder they
         replace.
@@ -720,14 +721,18 @@ def _output_dtypes(node: node_def_pb2.NodeDef) -> list[int]:
     return result
 
 
-def _find_loss(gdef: graph_pb2.GraphDef, top: _Scope, sinks: list[str]) -> str:
-    """Return the name of the loss tensor: the float scalar output of a sink node.
+def _returned_scalar(gdef: graph_pb2.GraphDef, top: _Scope, sinks: list[str]) -> str:
+    """Return the name of the float scalar the step returns (a sink node's output).
 
-    A step's gradient graph can leave dead float scalars as sinks too (the unused branch
-    of a ``DivNoNan`` gradient...), so the graph output proper is preferred: an ``Identity``
-    with control inputs (``Identity(loss, ^NoOp)``), then any node with control inputs,
-    then the last candidate in graph order. Outputs without a recorded shape are only
-    taken when no output is known to be a scalar.
+    What each run reports (:attr:`Measurement.losses`), the same tensor in the step and
+    in its rewrite, whatever the step returns (its loss, or the metric Keras' ``fit``
+    returns). Which op computes the loss is :func:`lmscore.order.order`'s question: this
+    one is only which value to fetch. A step's gradient graph can leave dead float
+    scalars as sinks too (the unused branch of a ``DivNoNan`` gradient...), so the graph
+    output proper is preferred: an ``Identity`` with control inputs (``Identity(loss,
+    ^NoOp)``), then any node with control inputs, then the last candidate in graph order.
+    Outputs without a recorded shape are only taken when no output is known to be a
+    scalar.
     """
     best: tuple[tuple[bool, bool, bool, int], str] | None = None
     for position, name in enumerate(sinks):
@@ -768,7 +773,7 @@ def _collect(gdef: graph_pb2.GraphDef, batch_size: int) -> _Plan:
         for inp in node.input:
             consumed.add(inp.lstrip("^").split(":")[0])
     sinks = [n.name for n in gdef.node if n.name not in consumed and n.op != "Placeholder"]
-    loss = _find_loss(gdef, top, sinks)
+    loss = _returned_scalar(gdef, top, sinks)
     forward = _data_ancestors(top, loss)
 
     infos = {
