@@ -283,7 +283,9 @@ def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1,
         else:  # a kernel workspace or a loop's results: no tensor of the graph to name
             refused = t.reason
         rows.append({
-            "id": tensor if n == 1 else f"{tensor}{ROW_COPY}{n}", "tensor": t.tensor,
+            # the tensor edits act on, which the decision is of (its buffer's first name
+            # read "kept" beside "recomputed": a row at odds with itself)
+            "id": tensor if n == 1 else f"{tensor}{ROW_COPY}{n}", "tensor": tensor,
             "mib": round(nbytes / figures.MIB, 3),
             "producer_level": t.producer_level, "last_use_level": t.last_use_level,
             "distance": t.distance, "category": t.category,

@@ -184,8 +184,10 @@ def click_level(browser: Any, level: int) -> None:
 
 def test_recompute_a_tensor_by_hand_and_see_a_refusal(browser: Any) -> None:
     # mlp at batch 32, level 10: the first hidden layer's buffer (its MatMul, BiasAdd and
-    # Relu in place; the Relu is read farthest away) is recomputable, Adam's are not
-    row, relu, update = "mlp_1/dense_1/MatMul:0", "mlp_1/dense_1/Relu:0", "adam/Cast_2:0"
+    # Relu in place) is recomputable, Adam's are not; its row names the Relu, read
+    # farthest away, which edits act on and the decision is of
+    relu, update = "mlp_1/dense_1/Relu:0", "adam/truediv:0"
+    row = relu
     click_level(browser, 10)
     assert cell(browser, row, "decision").text == "kept"
     assert cell(browser, row, "recomputable").text == "yes"

@@ -17,6 +17,7 @@ import pytest
 from lmscore import samples
 from lmscore.errors import GraphError
 from lmscore.plan import fingerprint, plan_from_json
+from lmscore.units import format_bytes
 from lmsviz import app as lms_app
 from lmsviz import callbacks, edits, figures, files, rendering, results, state, tuning
 
@@ -54,9 +55,9 @@ def swappable_tensor(c: state.AppContext, s: dict, min_mib: float = 0) -> str:
         for row in rendering.hotspot_rows(base, plan, level):
             if row["swap"] == rendering.SWAP_OFF and row["mib"] >= min_mib:
                 up = edits.toggle_swap(c, s["graph"], s["settings"], s["plan"], s["view"],
-                                    row["tensor"])
+                                    row["id"])
                 if not up.error:
-                    return row["tensor"]
+                    return row["id"]
     raise AssertionError("no tensor of the sample can be swapped by hand")
 
 
@@ -822,9 +823,10 @@ def test_a_saved_recompute_plan_comes_back(fresh):
 def test_summary_shows_host_memory_against_tensorflows_limit(fresh, monkeypatch):
     s = session(fresh)
     s = {**s, "settings": {**s["settings"], "batch": 1024}}
-    tensor = swappable_tensor(fresh, s, min_mib=1)  # a 512 x 512 weight gradient: 1 MiB
+    tensor = swappable_tensor(fresh, s, min_mib=1)  # a 1024 x 512 activation: 2 MiB
     up = edits.toggle_swap(fresh, s["graph"], s["settings"], s["plan"], s["view"], tensor)
     assert not up.error
+    size = results.base_of(fresh, fresh.resolve(s["graph"]), 1024).row(tensor).bytes
 
     def summary(limit: int) -> dict:
         # TensorFlow's variable counts whole MiB (tests/test_tune.py); a smaller limit here
@@ -833,13 +835,16 @@ def test_summary_shows_host_memory_against_tensorflows_limit(fresh, monkeypatch)
         return {item.children[1].id: (item.children[1].children, item.children[1].className)
                 for item in r.summary}
 
-    roomy = summary(4 * MIB)
-    assert roomy["sum-host"][0] == "1.00 MiB of 4.00 MiB (TensorFlow's pinned host memory limit)"
+    roomy = summary(4 * size)
+    assert roomy["sum-host"][0] == (f"{format_bytes(size)} of {format_bytes(4 * size)} "
+                                    "(TensorFlow's pinned host memory limit)")
     assert "bad" not in roomy["sum-host"][1] and roomy["sum-fits"][0].startswith("fits")
-    tight = summary(MIB // 2)
-    assert tight["sum-host"][0] == "1.00 MiB of 512.00 KiB (TensorFlow's pinned host memory limit)"
+    tight = summary(size // 2)
+    assert tight["sum-host"][0] == (f"{format_bytes(size)} of {format_bytes(size // 2)} "
+                                    "(TensorFlow's pinned host memory limit)")
     assert "bad" in tight["sum-host"][1]
-    assert tight["sum-fits"][0] == "does not fit: host memory over its limit by 512.00 KiB"
+    assert tight["sum-fits"][0] == ("does not fit: host memory over its limit by "
+                                    f"{format_bytes(size - size // 2)}")
 
 
 def test_regroup_gives_each_group_its_own_trigger(tmp_path):
