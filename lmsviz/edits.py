@@ -403,7 +403,7 @@ def find_name(app: AppContext, graph_ref: dict[str, Any], view: dict[str, Any], 
         loaded = app.resolve(graph_ref)
     except LmsError as e:
         return refuse(str(e))
-    matches = find(loaded.graph, str(query or ""), 1)
+    matches = find(loaded.graph, str(query or ""), FIND_MORE + 1)
     if not matches:
         return refuse(f"no op or tensor named like {str(query or '')!r}") if query else Update()
     m = matches[0]
@@ -411,7 +411,17 @@ def find_name(app: AppContext, graph_ref: dict[str, Any], view: dict[str, Any], 
     new_view = {**view, "op": m.op, "level": level}
     if m.is_tensor:
         new_view["tensor"] = m.name
-    return Update(view=new_view, message=f"found {m.name} at level {level}")
+    # the best of several is taken: say so, with the others' names to refine by
+    more = ""
+    if len(matches) > 1:
+        others = ", ".join(x.name for x in matches[1:4])
+        count = f"{len(matches) - 1}" if len(matches) <= FIND_MORE else f"over {FIND_MORE - 1}"
+        more = f" ({count} more match: {others}{', …' if len(matches) > 4 else ''})"
+    return Update(view=new_view, message=f"found {m.name} at level {level}{more}")
+
+
+#: How many other matches "find" counts before it says "over ...".
+FIND_MORE = 20
 
 
 def op_at(app: AppContext, loaded: LoadedGraph, lane: int, point: Any, level: Any

@@ -1134,3 +1134,12 @@ def test_a_toggled_row_stays_in_the_table_when_its_tensor_leaves_the_device(tmp_
     assert not any(r["id"] == row["id"] for r in plain)  # off the device there
     assert mine[0]["held"] == rendering.OFF_DEVICE and mine[0]["mib"] == 0
     assert len(kept) == len(plain) + 1
+
+
+def test_find_says_when_it_took_the_best_of_several(tmp_path):
+    c = state.new_context("mlp", None, upload_cap_bytes=MIB, data_dir=tmp_path)
+    s = session(c)
+    exact = edits.find_name(c, s["graph"], s["view"], "mlp_1/dense_1/Relu")
+    assert exact.message.startswith("found mlp_1/dense_1/Relu at level ")
+    many = edits.find_name(c, s["graph"], s["view"], "MatMul")
+    assert " more match: " in many.message and many.view["op"] is not None
