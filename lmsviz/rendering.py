@@ -385,6 +385,8 @@ def summary(loaded: LoadedGraph, base: Base, plan: Plan, plan_data: dict[str, An
     current = plan_digest(plan_data.get("json"))
     if tune and tune.get("plan_sha") == current and tune.get("predicted_overhead") is not None:
         overhead = f"{100 * float(tune['predicted_overhead']):.1f}% of step time (tuner)"
+    elif tune:
+        overhead = "plan edited since auto-tune: see “compare plans” or run it again"
     elif not after:
         overhead = "none: no plan"
     else:  # (the time model takes a quarter second on ResNet-50: asked for on demand)
