@@ -19,20 +19,22 @@ from .state import AppContext, presets
 #: Labels of the sync modes (TFLMS v2).
 SYNC_LABELS = {0: "0: none", 1: "1: swap-outs", 2: "2: swap-ins", 3: "3: both"}
 
+#: The toggles and what the plan does come right after the tensor: in a narrow window the
+#: columns after them need a sideways scroll, the toggles did.
 HOTSPOT_COLUMNS = [
     {"name": "tensor", "id": "tensor"},
     {"name": "MiB", "id": "mib", "type": "numeric",
      "format": Format(precision=2, scheme=Scheme.fixed)},
+    {"name": "swap", "id": "swap"},
+    {"name": "recompute", "id": "recompute"},
+    {"name": "decision", "id": "decision"},
+    {"name": "on the device as", "id": "held"},
     {"name": "from level", "id": "producer_level", "type": "numeric"},
     {"name": "last use", "id": "last_use_level", "type": "numeric"},
     {"name": "distance", "id": "distance", "type": "numeric"},
     {"name": "category", "id": "category"},
     {"name": "swappable", "id": "swappable"},
     {"name": "recomputable", "id": "recomputable"},
-    {"name": "decision", "id": "decision"},
-    {"name": "on the device as", "id": "held"},
-    {"name": "swap", "id": "swap"},
-    {"name": "recompute", "id": "recompute"},
 ]
 
 
@@ -243,6 +245,7 @@ def compare_section() -> html.Div:
             html.Div(id="compare-message", className="message", role="status"),
             html.Div(id="compare-note", className="note"),
             _table(id="compare-table", columns=compare_panel.COLUMNS, data=[],
+                   style_table={"overflowX": "auto"},  # (not the page: it scrolls itself)
                    style_cell={"fontFamily": "system-ui, sans-serif", "fontSize": "13px",
                                "padding": "4px 8px", "textAlign": "left"},
                    style_header={"fontWeight": "600", "backgroundColor": "#f1f5f9"}),

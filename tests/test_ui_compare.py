@@ -267,3 +267,37 @@ def test_the_lifetime_label_of_a_tensor_near_the_right_end_stays_inside(browser:
     assert n_levels > 30 and plot_left <= left and right <= plot_right + 1, box
     assert top >= plot_top - 1, box
     browser.set_window_size(1500, 1300)
+
+
+def test_in_an_800_pixel_window_the_table_toggles_are_in_sight(browser: Any) -> None:
+    """The table stood beside the swap editor, 446 px for a 1,259 px table: its toggles
+    were off to the right, behind a sideways scroll, and long names widened the page."""
+    size = browser.get_window_size()
+    browser.set_window_size(800, 1000)
+    browser.refresh()  # (the figures take their width when drawn: a page opened narrow)
+    try:
+        wait(browser, lambda: "at level" in text(browser, "sum-before"), "the page")
+        cell = wait(browser, lambda: browser.find_elements(
+            By.CSS_SELECTOR, "#hotspots td[data-dash-column='swap']"), "a swap cell")[0]
+        # scrolled down to it, not sideways: what the user sees without a sideways scroll
+        browser.execute_script("window.scrollTo(0, arguments[0].getBoundingClientRect().top"
+                               " + window.scrollY - 300);", cell)
+        left, right = browser.execute_script(
+            "var r = arguments[0].getBoundingClientRect(); return [r.left, r.right];", cell)
+        width = browser.execute_script("return document.documentElement.clientWidth;")
+        assert 0 <= left and right <= width, (left, right, width)
+        page = browser.execute_script("return document.documentElement.scrollWidth;")
+        wide = browser.execute_script("""
+          var w = document.documentElement.clientWidth, out = [];
+          function clipped(e) { for (var p = e.parentElement; p; p = p.parentElement) {
+            var o = getComputedStyle(p).overflowX;
+            if (o === 'auto' || o === 'hidden' || o === 'scroll') return true; } return false; }
+          document.querySelectorAll('body *').forEach(e => { var r = e.getBoundingClientRect();
+            if (r.right > w + 1 && r.width > 0 && !clipped(e)) out.push([e.tagName, e.id,
+              e.className.toString().slice(0, 30), Math.round(r.right)]); });
+          return out.slice(0, 6);""")
+        assert page <= width + 1, (page, width, wide)  # no page-wide sideways scroll
+    finally:
+        browser.set_window_size(size["width"], size["height"])
+        browser.refresh()
+        wait(browser, lambda: "at level" in text(browser, "sum-before"), "the page again")
