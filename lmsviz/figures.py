@@ -16,6 +16,7 @@ thousands of ordering points.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -255,8 +256,9 @@ def window_names(names: Sequence[str], width: int = 30) -> list[str]:
     """Labels for the ops of a window: the shortest tails of their names that tell them apart.
 
     Cut to one width, ``conv5_block1_0_conv/BiasAdd/BiasAddGrad`` and its ``_3`` sibling
-    both read ``…1/BiasAdd/BiasAddGrad``. A tail that still matches another op's beyond
-    ``width`` characters is cut from the left (the hover names the op in full).
+    both read ``…1/BiasAdd/BiasAddGrad``. A tail longer than ``width`` characters is cut
+    from the left, or in its middle where that leaves two alike, or not drawn where even
+    that does (the hover names every op in full).
 
     >>> window_names(["m/b0/conv/BiasAddGrad", "m/b3/conv/BiasAddGrad", "m/b0/Relu"])
     ['…/b0/conv/BiasAddGrad', '…/b3/conv/BiasAddGrad', '…/b0/Relu']
@@ -266,10 +268,7 @@ def window_names(names: Sequence[str], width: int = 30) -> list[str]:
     parts = [n.split("/") for n in names]
     depth = [min(2, len(p)) for p in parts]
     for _ in range(max((len(p) for p in parts), default=0)):
-        seen: dict[str, int] = {}
-        for k, p in enumerate(parts):
-            tail = "/".join(p[-depth[k]:])
-            seen[tail] = seen.get(tail, 0) + 1
+        seen = Counter("/".join(p[-d:]) for p, d in zip(parts, depth, strict=True))
         clash = [k for k, p in enumerate(parts)
                  if seen["/".join(p[-depth[k]:])] > 1 and depth[k] < len(p)]
         if not clash:
@@ -277,23 +276,18 @@ def window_names(names: Sequence[str], width: int = 30) -> list[str]:
         for k in clash:
             depth[k] += 1
     tails = ["/".join(p[-d:]) for p, d in zip(parts, depth, strict=True)]
-    out = [t if len(t) <= width else "…" + t[-(width - 1):] for t in tails]
-    for k, t in enumerate(tails):
-        if t == names[k] or len(t) > width:
-            continue
-        out[k] = "…/" + t if len(t) + 2 <= width else "…" + t[-(width - 1):]
-    count: dict[str, int] = {}
-    for label in out:
-        count[label] = count.get(label, 0) + 1
+
+    def fit(tail: str, name: str) -> str:  # marked where shortened, cut to the width
+        label = tail if tail == name else "…/" + tail
+        return label if len(label) <= width else "…" + tail[-(width - 1):]
+
+    out = [fit(t, n) for t, n in zip(tails, names, strict=True)]
     # cut to the width, two tails may end alike: their middles go instead, or the labels
     head = width // 3
-    for k, label in enumerate(out):
-        if count[label] > 1:
-            t = tails[k]
-            out[k] = t[:head] + "…" + t[-(width - head - 1):]
-    count = {}
-    for label in out:
-        count[label] = count.get(label, 0) + 1
+    count = Counter(out)
+    out = [t[:head] + "…" + t[-(width - head - 1):] if count[label] > 1 else label
+           for label, t in zip(out, tails, strict=True)]
+    count = Counter(out)
     return [label if count[label] == 1 else "" for label in out]
 
 

@@ -261,7 +261,7 @@ def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1,
                                        last_use_level=level, distance=0, category="—",
                                        swappable=False, reason=r.held or "kernel workspace")
             listed.append((t, r.bytes, r.kind))
-        if keep and (keep in plan.swapped() or keep in plan.recomputed()) and not any(
+        if keep and (keep in swapped or keep in recomputed) and not any(
                 keep in (t.tensor, t.swap_tensor) for t, _, _ in listed):
             t = base.row(keep)
             if t is not None:
