@@ -123,6 +123,10 @@ class Buffer:
         Positions in the executor schedule of its producer and of its last reader.
     views : tuple of str
         The other tensors that share this buffer (views and in-place results).
+    ahead : bool
+        True for what a loop's early part computed ahead of the loop
+        (:func:`_loop_effects`): how much that is follows the schedule (how far ahead the
+        early part gets), so it is no part of the loop's own working set.
     """
 
     tensor: str
@@ -136,6 +140,7 @@ class Buffer:
     first: int = 0
     last: int = 0
     views: tuple[str, ...] = ()
+    ahead: bool = False
 
     @property
     def distance(self) -> int:
@@ -143,10 +148,10 @@ class Buffer:
         return self.end - self.start
 
 
-# :func:`_buffers` sets these fields of each record itself.
+# :func:`_buffers` sets these fields of each record itself (``ahead`` keeps its default).
 if [f.name for f in dataclasses.fields(Buffer)] != [
         "tensor", "bytes", "start", "end", "producer", "readers", "host", "scratch", "first",
-        "last", "views"]:
+        "last", "views", "ahead"]:
     raise RuntimeError("lmscore.memory.Buffer's fields changed: _buffers sets them one by one")
 
 
@@ -973,21 +978,6 @@ def _buffers(
 
 
 _REDUCTIONS = frozenset({"Sum", "Mean", "Max", "Min", "Prod", "All", "Any"})
-#: What names a loop's run-ahead buffers (``LOOP/ahead``, ``LOOP/ahead-current``,
-#: ``LOOP/ahead-wait-K``: :func:`_loop_effects`).
-RUN_AHEAD = "/ahead"
-
-
-def run_ahead(b: Buffer) -> bool:
-    """Whether ``b`` holds what a loop's early part computed ahead of the loop.
-
-    How much that is follows the schedule (how far ahead the early part gets), so it is
-    no part of the loop's own working set.
-    """
-    name = b.tensor.rpartition(RUN_AHEAD)
-    return bool(name[1]) and (not name[2] or name[2].startswith(("-current", "-wait-")))
-
-
 #: List reads whose output ``k`` is an element the list holds (no new buffer).
 _LIST_READS = {"TensorListGetItem": 0, "TensorListPopBack": 1}
 _WHILE_OPS = frozenset({"While", "StatelessWhile"})
@@ -1367,12 +1357,13 @@ def _loop_effects(
             start = levels[ordering.schedule[first]]
             if ahead > 0:
                 extra.append(Buffer(
-                    f"{op.name}{RUN_AHEAD}", ahead, start, lvl, i, (i,), first=first, last=p
+                    f"{op.name}/ahead", ahead, start, lvl, i, (i,), first=first, last=p,
+                    ahead=True,
                 ))
             if first < p:  # the current iteration's share, until the loop itself runs
                 extra.append(Buffer(
-                    f"{op.name}{RUN_AHEAD}-current", cost.ahead_bytes, start, levels[
-                        ordering.schedule[p - 1]], i, (), first=first, last=p - 1,
+                    f"{op.name}/ahead-current", cost.ahead_bytes, start, levels[
+                        ordering.schedule[p - 1]], i, (), first=first, last=p - 1, ahead=True,
                 ))
         for since, until, per_iteration in cost.waits:
             until = min(until, p)
@@ -1382,9 +1373,9 @@ def _loop_effects(
                                   dataclasses.replace(cost, ahead_from=since), limit, until)
             first = since + 1
             extra.append(Buffer(
-                f"{op.name}{RUN_AHEAD}-wait-{since}", per_iteration * w,
+                f"{op.name}/ahead-wait-{since}", per_iteration * w,
                 levels[ordering.schedule[first]], levels[ordering.schedule[until]], i, (),
-                first=first, last=until,
+                first=first, last=until, ahead=True,
             ))
         drained = sum(consumed.values())
         c = _drain_credit(drained, filled, cost.ahead_bytes, window, trips or 1, released)

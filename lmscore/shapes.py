@@ -262,7 +262,7 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
         variable_bytes=var_bytes,
         # (the floating-point scalars evaluated on the way are no shape's, axis' or
         # permutation's: a reader of these values would take a float for an index)
-        values={k: v[1] for k, v in vals.items() if not (v[1] and isinstance(v[1][0], float))},
+        values={k: v[1] for k, v in vals.items() if not _floating(v)},
         at_most=at_most,
     )
 
@@ -966,22 +966,18 @@ def _int_values(
     t = op.type
     if t == "Const":  # most of them: a constant's decoded value, if it is an integer one
         attrs = op.attrs
-        if "value" not in attrs:
-            return {}
-        if not all(isinstance(x, int) for x in attrs["value"]):
+        if "value" not in attrs or not all(isinstance(x, int) for x in attrs["value"]):
             return {}
         shape = attrs.get("const_shape", op.outputs[0].shape if op.outputs else ())
         const = (tuple(shape or ()), tuple(attrs["value"]))
         return {} if len(const[1]) > _MAX_VALUE else {0: const}
     ins = graph.adjacency.data_in[i]
 
+    if t not in _FLOAT_ARITHMETIC and any(_floating(vals.get(e)) for e in ins):
+        return {}  # floating-point values enter only arithmetic and casts
+
     def v(k: int) -> Value | None:
         return vals.get(ins[k]) if k < len(ins) else None
-
-    if t not in _FLOAT_ARITHMETIC and any(
-            (x := vals.get(e)) is not None and x[1] and isinstance(x[1][0], float)
-            for e in ins):
-        return {}  # floating-point values enter only arithmetic and casts
 
     def in_shape(k: int) -> tuple[int, ...] | None:
         p, port = ins[k]
@@ -1120,6 +1116,15 @@ def _int_values(
 #: What reads floating-point values (:func:`_int_values`): a cast, arithmetic, roundings.
 _FLOAT_ARITHMETIC = frozenset({"Cast", "Identity", "StopGradient", "Mul", "RealDiv", "AddV2",
                                "Add", "Sub", "Maximum", "Minimum", "Ceil", "Floor", "Round"})
+
+
+def _floating(value: Value | None) -> bool:
+    """Whether an evaluated value is a floating-point one (:data:`_FLOAT_VALUE_DTYPES`).
+
+    >>> _floating(((), (1.25,))), _floating(((2,), (3, 4))), _floating(None)
+    (True, False, False)
+    """
+    return value is not None and bool(value[1]) and isinstance(value[1][0], float)
 
 
 #: Roundings of a floating-point scalar (TensorFlow's ``Round`` rounds half to even, as
@@ -1337,7 +1342,7 @@ def _shape_from_values(
 
     def v(k: int) -> tuple[int, ...] | None:
         val = vals.get(ins[k]) if k < len(ins) else None
-        if val is None or (val[1] and not isinstance(val[1][0], int)):
+        if val is None or _floating(val):
             return None  # (a floating-point scalar is no size, axis or permutation)
         return val[1]
 
@@ -1879,16 +1884,16 @@ def _loop_kind(
             if src >= 0:
                 return "refs", src
         m = arg_of.get(x)
-        if m is not None and m != k and m < len(rets) and rets[m] and arg_of.get(
-                value_through(body, _body_ref(rets[m], args, nodes))) == m:
-            # rows of a loop variable passed on unchanged (a sequence the loop reads,
-            # z[t]): the list holds that variable's memory, which lives as long as the
-            # list (its gradient's zeros_like, written in place, was a second buffer)
-            return "refs", m
         if m is not None and m != k and m < len(rets):
+            new = value_through(body, _body_ref(rets[m], args, nodes))
+            if rets[m] and arg_of.get(new) == m:
+                # rows of a loop variable passed on unchanged (a sequence the loop reads,
+                # z[t]): the list holds that variable's memory, which lives as long as
+                # the list (its gradient's zeros_like, written in place, was a second
+                # buffer)
+                return "refs", m
             # The previous value of loop variable m: if another list pushes m's new
             # value, both lists hold the same buffers (all but the first).
-            new = value_through(body, _body_ref(rets[m], args, nodes))
             if any(value_through(body, p.inputs[-1]) == new for p in _pushes(body) if p.inputs):
                 return "duplicate", -1
     return "filled", -1

@@ -63,7 +63,6 @@ from .memory import (
     host_memory_limit,
     persistent_over,
     release_hold,
-    run_ahead,
     simulate,
     transient_budget,
 )
@@ -1103,7 +1102,7 @@ def _lower_bound(graph: Graph, base: Simulation) -> tuple[int, str]:
     """
     need = [0] * len(graph.ops)
     for b in base.buffers:
-        if b.host or run_ahead(b):
+        if b.host or b.ahead:
             # (a loop's run-ahead: how far ahead its early part gets is the schedule's,
             # which a plan changes; counted, the bound was over a knob plan's own peak)
             continue

@@ -370,11 +370,10 @@ def test_a_loops_run_ahead_is_no_part_of_its_bound():
     loop's bound passed a knob plan's own peak: the page said "fits" where ``tune`` said
     no plan could)."""
     from lmscore import load, samples
-    from lmscore.memory import run_ahead
 
     g = load(samples.find("lstm"))
     sim = simulate(g, 16)
-    assert any(run_ahead(b) for b in sim.buffers)
+    assert any(b.ahead for b in sim.buffers)
     assert tune_module()._lower_bound(g, sim)[0] <= sim.peak_bytes
 
 
