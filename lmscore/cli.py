@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import samples
 from .errors import ConfigError, LmsError
-from .ir import feed_batches, fixed_batch
+from .ir import feed_batches, fixed_batch, unvalidatable_op
 from .memory import DEFAULT_SAFETY
 from .units import SIZE_SYNTAX, format_bytes, parse_bytes
 
@@ -921,9 +921,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
               "persistent memory (variables, constants) alone exceed the usable device")
     if report["unknown_size_tensors"]:
         # a plan that fits here may not fit there: those tensors are not in the sums
+        odd = unvalidatable_op(graph)  # validation refuses to run it: not the advice
         print(_unknown_line(report["unknown_size_tensors"], report["unknown_size_examples"],
                             "the plan's peak leaves them out; run `lms validate` with the "
-                            "plan to measure it"))
+                            "plan to measure it" if not odd else
+                            f"the plan's peak leaves them out, and `lms validate` cannot "
+                            f"measure this step (it has a {odd})"))
     if not result.plan.changes_nothing():
         print(f"  {result.strategy}: {result.knobs}, {result.evaluations} plans scored")
         print(f"  predicted step time  {result.baseline_step_seconds * 1e3:.1f} ms -> "

@@ -58,6 +58,41 @@ FUNCTIONAL_OPS = frozenset({
 })
 
 
+
+#: Op types that reach outside the graph: files, checkpoints, summaries, readers and
+#: datasets over files, Python callbacks, debugger sinks. A training step has none; a graph
+#: that has them is not run, so validating a file never reads or writes others.
+SIDE_EFFECT_OPS = frozenset({
+    "ReadFile", "WriteFile", "MatchingFiles", "ImmutableConst", "Save", "SaveV2",
+    "SaveSlices", "Restore", "RestoreV2", "RestoreSlice", "MergeV2Checkpoints",
+    "LoadAndRemapMatrix", "PyFunc", "PyFuncStateless", "EagerPyFunc",
+    "InitializeTableFromTextFile", "InitializeTableFromTextFileV2",
+    "CreateSummaryFileWriter", "CreateSummaryDbWriter", "WriteSummary", "WriteScalarSummary",
+    "WriteHistogramSummary", "WriteImageSummary", "WriteAudioSummary", "WriteGraphSummary",
+    "WriteRawProtoSummary", "FlushSummaryWriter", "ImportEvent",
+    "WholeFileReader", "WholeFileReaderV2", "TextLineReader", "TextLineReaderV2",
+    "TFRecordReader", "TFRecordReaderV2", "FixedLengthRecordReader",
+    "FixedLengthRecordReaderV2", "LMDBReader",
+    "TFRecordDataset", "TFRecordDatasetV2", "TextLineDataset", "FixedLengthRecordDataset",
+    "FixedLengthRecordDatasetV2", "SnapshotDataset", "SnapshotDatasetV2", "SaveDataset",
+    "SaveDatasetV2", "LoadDataset", "CacheDataset", "CacheDatasetV2",
+    "MatchingFilesDataset", "ExperimentalMatchingFilesDataset", "ExperimentalLMDBDataset",
+    "DebugIdentity", "DebugIdentityV2", "DebugIdentityV3", "DebugNanCount",
+    "DebugNumericSummary", "DebugNumericSummaryV2",
+})
+
+
+def unvalidatable_op(graph: Graph) -> str:
+    """An op type that keeps :func:`lmscore.measure.measure` from running the step, or "".
+
+    Ops that reach outside the graph (:data:`SIDE_EFFECT_OPS`: a ``PyFunc``, a file) are
+    refused, and a lookup table filled before the step cannot be rebuilt. Top-level ops
+    only: what advice to validate a plan may name.
+    """
+    odd = sorted(t for t in graph.by_type if t in SIDE_EFFECT_OPS or "LookupTable" in t)
+    return odd[0] if odd else ""
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector meanwhile (also a decorator).

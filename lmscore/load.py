@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import os
 import pathlib
 import struct
@@ -209,6 +210,33 @@ def _check_names(gd: Any, source: str) -> None:
                                  f"{name!r} exists")
 
 
+def _other_format(data: bytes) -> str | None:
+    """What a file that is no GraphDef is instead, when it is something a user may load.
+
+    A plan's JSON renamed ``.pb`` and a SavedModel's ``saved_model.pb`` were called
+    damaged protobufs (or refused with a text parser's error): each is named, with where
+    it belongs.
+    """
+    head = data.lstrip()[:1]
+    if head in (b"{", b"["):
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            return None
+        if isinstance(doc, dict) and "swaps" in doc and "version" in doc:
+            return "a plan (JSON), not a graph: load it as a plan (--plan, or 'load plan')"
+        return "a JSON file, not a GraphDef"
+    # SavedModel: field 1, its schema version (a varint), then field 2, a MetaGraphDef
+    if data[:1] == b"\x08" and len(data) > 3:
+        k = 1
+        while k < len(data) and data[k] & 0x80:
+            k += 1
+        if data[k + 1:k + 2] == b"\x12":
+            return ("a SavedModel's saved_model.pb, not a GraphDef: load the SavedModel's "
+                    "directory (a .zip of it in the web app)")
+    return None
+
+
 def _parse(data: bytes, source: str, text: bool | None) -> tuple[Any, bool]:
     """Parse binary (tried first) or text; return the message and whether it was text."""
     gd = graph_pb2.GraphDef()
@@ -218,6 +246,9 @@ def _parse(data: bytes, source: str, text: bool | None) -> tuple[Any, bool]:
             if len(gd.node) or text is False or not data:
                 return gd, False
         except message.DecodeError:
+            other = _other_format(data)
+            if other:
+                raise GraphError(f"{source}: {other}") from None
             if text is False:
                 raise GraphError(
                     f"{source}: not a GraphDef (corrupt or truncated protobuf)"
@@ -229,6 +260,9 @@ def _parse(data: bytes, source: str, text: bool | None) -> tuple[Any, bool]:
     except RecursionError:
         raise GraphError(f"{source}: not a GraphDef (text protobuf nested too deeply)") from None
     except (text_format.ParseError, UnicodeDecodeError) as e:
+        other = _other_format(data)
+        if other:
+            raise GraphError(f"{source}: {other}") from None
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         kind = "text" if text else "binary or text"
         raise GraphError(f"{source}: not a GraphDef ({kind} protobuf): {why}") from None

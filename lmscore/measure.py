@@ -101,7 +101,7 @@ from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 from tensorflow.python.framework import op_def_registry
 
 from lmscore.errors import ConfigError, GraphError, RunError
-from lmscore.ir import gradient_input, split_tensor
+from lmscore.ir import SIDE_EFFECT_OPS, gradient_input, split_tensor
 from lmscore.load import handle_spec
 from lmscore.order import FUSED_APPLIES, OUTPUT_OPS
 from lmscore.shapes import BRANCH_ATTRS
@@ -1312,27 +1312,6 @@ def _peaks(allocations: Iterable[Allocation]) -> dict[str, int]:
     return {device: live_curve(records)[2] for device, records in by_device.items()}
 
 
-#: Op types that reach outside the graph: files, checkpoints, summaries, readers and
-#: datasets over files, Python callbacks, debugger sinks. A training step has none; a graph
-#: that has them is not run, so validating a file never reads or writes others.
-SIDE_EFFECT_OPS = frozenset({
-    "ReadFile", "WriteFile", "MatchingFiles", "ImmutableConst", "Save", "SaveV2",
-    "SaveSlices", "Restore", "RestoreV2", "RestoreSlice", "MergeV2Checkpoints",
-    "LoadAndRemapMatrix", "PyFunc", "PyFuncStateless", "EagerPyFunc",
-    "InitializeTableFromTextFile", "InitializeTableFromTextFileV2",
-    "CreateSummaryFileWriter", "CreateSummaryDbWriter", "WriteSummary", "WriteScalarSummary",
-    "WriteHistogramSummary", "WriteImageSummary", "WriteAudioSummary", "WriteGraphSummary",
-    "WriteRawProtoSummary", "FlushSummaryWriter", "ImportEvent",
-    "WholeFileReader", "WholeFileReaderV2", "TextLineReader", "TextLineReaderV2",
-    "TFRecordReader", "TFRecordReaderV2", "FixedLengthRecordReader",
-    "FixedLengthRecordReaderV2", "LMDBReader",
-    "TFRecordDataset", "TFRecordDatasetV2", "TextLineDataset", "FixedLengthRecordDataset",
-    "FixedLengthRecordDatasetV2", "SnapshotDataset", "SnapshotDatasetV2", "SaveDataset",
-    "SaveDatasetV2", "LoadDataset", "CacheDataset", "CacheDatasetV2",
-    "MatchingFilesDataset", "ExperimentalMatchingFilesDataset", "ExperimentalLMDBDataset",
-    "DebugIdentity", "DebugIdentityV2", "DebugIdentityV3", "DebugNanCount",
-    "DebugNumericSummary", "DebugNumericSummaryV2",
-})
 
 
 def refuse_side_effects(gdef: graph_pb2.GraphDef) -> None:

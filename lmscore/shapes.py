@@ -1765,6 +1765,8 @@ def trip_count(graph: Graph, i: int, body: LoopBody | None,
         return 0
     if len(ins) >= 2 and len(body.kinds) >= 2 and body.kinds[1] == "pass":
         value = value_of(ins[1])
+        if value is None:
+            value = _iterations_run(graph, ins[1], value_of)
         if value is not None and len(value) == 1 and value[0] > 0:
             return value[0]
     names = graph.ops[i].attrs.get("cond", ())
@@ -1777,6 +1779,8 @@ def trip_count(graph: Graph, i: int, body: LoopBody | None,
         if m >= len(ins) or m >= len(body.kinds) or body.kinds[m] != "pass":
             return 0
         value = value_of(ins[m])
+        if value is None:  # a gradient loop runs as many iterations as its forward loop
+            value = _iterations_run(graph, ins[m], value_of)
         if value is None or len(value) != 1:
             return 0
         limit = value[0]
@@ -1797,6 +1801,38 @@ def trip_count(graph: Graph, i: int, body: LoopBody | None,
         return 0
     span = limit - start[0] + (step[0] if inclusive else step[0] - 1)
     return max(0, span // step[0])
+
+
+def _iterations_run(graph: Graph, tensor: tuple[int, int],
+                    value_of: Callable[[tuple[int, int]], tuple[int, ...] | None]
+                    ) -> tuple[int] | None:
+    """The iterations a ``While`` ran, when ``tensor`` is its loop counter after the loop.
+
+    ``while_v2``'s loop variable 0 counts the iterations from 0; a gradient loop runs
+    until its own counter reaches the forward loop's final count (a QRNN's f-pooling
+    over 24 steps, written with ``tf.while_loop``: its gradient loop had no known count).
+    """
+    w, port = tensor
+    op = graph.ops[w]
+    ins = graph.adjacency.data_in[w]
+    if port != 0 or op.type not in ("While", "StatelessWhile") or not ins:
+        return None
+    if value_of(ins[0]) != (0,):
+        return None
+    body = loop_body(graph, w, (None,) * len(ins))
+    if body is None or not body.returns or not body.returns[0]:
+        return None
+    step = body.graph.index.get(value_through(body.graph, body.returns[0]).rpartition(":")[0])
+    if step is None or body.graph.ops[step].type not in ("AddV2", "Add"):
+        return None
+    arg = f"{body.graph.ops[0].name}:0"
+    one = [body.graph.index.get(t.rpartition(":")[0]) for t in body.graph.ops[step].inputs
+           if t != arg]
+    if arg not in body.graph.ops[step].inputs or len(one) != 1 or one[0] is None or (
+            body.graph.ops[one[0]].attrs.get("value") not in ([1], (1,))):
+        return None
+    trips = trip_count(graph, w, body, value_of)
+    return (trips,) if trips > 0 else None
 
 
 @functools.lru_cache(maxsize=64)

@@ -86,7 +86,14 @@ def bad_inputs(tmp):
         "cycle": (tmp / "cycle.pb", "cycle"),
         "dangling": (tmp / "dangling.pb", "no node 'ghost' exists"),
         "bad_text": (tmp / "bad.pbtxt", "not a GraphDef"),
+        "plan_renamed": (tmp / "plan.pb", "a plan (JSON), not a graph: load it as a plan"),
+        "saved_model_pb": (tmp / "saved_model.pb", "load the SavedModel's directory"),
     }
+    (tmp / "plan.pb").write_text('{"version": 1, "graph": "x", "sync_mode": 0, "swaps": []}')
+    saved_model_pb2 = pytest.importorskip("tensorflow.core.protobuf.saved_model_pb2")
+    sm = saved_model_pb2.SavedModel(saved_model_schema_version=1)
+    sm.meta_graphs.add().graph_def.ParseFromString(mlp)
+    (tmp / "saved_model.pb").write_bytes(sm.SerializeToString())
     (tmp / "notes.pb").write_text("these are my notes, not a graph\n" * 20)
     (tmp / "trunc.pb").write_bytes(mlp[: len(mlp) // 2 + 7])
     (tmp / "empty.pb").write_bytes(b"")
@@ -98,7 +105,8 @@ def bad_inputs(tmp):
 
 
 @pytest.mark.parametrize(
-    "case", ["missing", "text", "truncated", "empty", "cycle", "dangling", "bad_text"]
+    "case", ["missing", "text", "truncated", "empty", "cycle", "dangling", "bad_text",
+             "plan_renamed", "saved_model_pb"]
 )
 def test_bad_input_is_one_line_exit_2(tmp_path, case):
     path, message = bad_inputs(tmp_path)[case]

@@ -1044,3 +1044,53 @@ def test_eigen_s_max_pool_gradient_writes_into_the_pooled_input():
     assert "da:0" in eigen["a:0"].views
     accel = {b.tensor: b for b in simulate(g, 2).buffers}
     assert "da:0" in accel and "da:0" not in accel["a:0"].views
+
+
+#: (batch, m, k, n, a transposed, b transposed) -> the scratch TensorFlow 2.21 recorded
+#: for a float32 ``BatchMatMulV2`` under oneDNN on 2 threads, one per rule.
+ONEDNN_PRODUCTS = {
+    (1, 256, 512, 64, True, False): 542208,    # one product, rows shared
+    (1, 1000, 64, 64, True, False): 129536,    # 4 blocks of 250 rows
+    (2, 64, 256, 64, True, False): 132608,     # a product per thread
+    (3, 256, 512, 64, True, False): 542208,    # an odd batch: rows shared
+    (1, 24, 512, 256, True, False): 102912,    # few rows, many columns: all rows each
+    (1, 20, 128, 32, True, False): 17920,      # blocks of 16 rows
+    (1, 256, 3000, 64, True, False): 1214080,  # split along k
+    (1, 256, 1500, 64, False, True): 525824,   # transposed b, 1,024 columns
+    (1, 256, 512, 64, True, True): 804480,     # both
+    (8, 16, 16, 16, False, False): 1408,       # neither
+}
+
+
+@pytest.mark.parametrize("shape, recorded", list(ONEDNN_PRODUCTS.items()))
+def test_onednn_product_scratch_as_recorded(shape, recorded) -> None:
+    from lmscore.memory import onednn_matmul_scratch_bytes
+
+    assert onednn_matmul_scratch_bytes(*shape, threads=2) == recorded
+
+
+@pytest.mark.parametrize("equation, shapes, product", [
+    # the weight gradient of tied logits reads its first operand transposed
+    ("btv,btd->vd", [(8, 64, 256), (8, 64, 32)], (1, 256, 512, 32, True, False)),
+    # the logits read the embedding transposed ([n, k])
+    ("btd,vd->btv", [(8, 64, 32), (256, 32)], (1, 512, 32, 256, False, True)),
+    ("btv,vd->btd", [(8, 64, 256), (256, 32)], (1, 512, 256, 32, False, False)),
+    # attention scores: heads are batch labels, both operands copied to [b, h, q|k, d]
+    ("bqhd,bkhd->bhqk", [(2, 8, 4, 16), (2, 10, 4, 16)], (8, 8, 16, 10, False, True)),
+])
+def test_einsum_product(equation, shapes, product) -> None:
+    from lmscore.memory import einsum_product
+
+    p = einsum_product(equation, shapes)
+    assert (p.batch, p.m, p.k, p.n, p.a_transposed, p.b_transposed) == product
+
+
+def test_the_ops_validation_cannot_run_are_named():
+    from lmscore.ir import Graph, Op, unvalidatable_op
+
+    def graph(*types: str) -> Graph:
+        return Graph(tuple(Op(f"op{k}", t_) for k, t_ in enumerate(types)), "g")
+
+    assert unvalidatable_op(graph("Placeholder", "MatMul")) == ""
+    assert unvalidatable_op(graph("Placeholder", "LookupTableFindV2")) == "LookupTableFindV2"
+    assert unvalidatable_op(graph("EagerPyFunc", "MatMul")) == "EagerPyFunc"

@@ -343,7 +343,7 @@ def test_a_buffer_idle_four_times_gets_options_over_all_four_when_three_do_not_c
     assert spans == [(2, 5), (7, 10), (12, 15)]  # the three longest (a tie: the first)
     assert [(o.lo, o.hi) for o in options(g, sizes, base, seconds, 12e9, ("swap",),
                                           max_gaps=4)] == [*spans, (17, 20)]
-    # on the emulated accelerator a swap frees its buffer after the next two allocations
+    # on the emulated accelerator a swap frees its buffer after the next three allocations
     # (lmscore.memory.release_hold): every op here allocates
     assert [(o.lo, o.hi) for o in options(g, sizes, base, seconds, 12e9, ("swap",),
                                           hold=2)] == [(4, 5), (9, 10), (14, 15)]

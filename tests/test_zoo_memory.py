@@ -311,3 +311,137 @@ def test_a_loop_over_a_sequence_it_reads_row_by_row():
     v = validate(graph, 64)
     assert v.unknown_size_tensors == ()
     assert abs(v.replayed_ratio - 1) <= TOLERANCE, v
+
+
+#: Steps with batched products: tied logits, einsum attention, ``EinsumDense``, Keras'
+#: multi-head attention.
+PRODUCT_STEPS = ["tied_lm", "two_gradient_calls", "gpt_decoder"]
+
+
+@pytest.mark.parametrize("name", PRODUCT_STEPS)
+def test_batched_products_allocate_what_is_simulated(name: str) -> None:
+    """Each ``Einsum`` and ``BatchMatMul`` kernel's buffers, output and scratch, to the byte.
+
+    The scratch of oneDNN's blocked product is fitted on two threads
+    (:func:`lmscore.memory.onednn_matmul_scratch_bytes`); Eigen's einsum copies hold on any.
+    """
+    from collections import Counter
+
+    from lmscore.measure import measure
+    from lmscore.memory import _cpu_threads, simulate
+
+    library = cpu_kernel_library()
+    if library == "onednn" and _cpu_threads() != 2:
+        pytest.skip("oneDNN's product scratch is fitted on 2 threads")
+    built = zoo.build(name)
+    graph = lmscore.from_graphdef_bytes(built.graphdef, source=name)
+    recorded: Counter[str] = Counter()
+    for a in measure(built.graphdef, built.batch).allocations:
+        if a.bytes > 0:
+            recorded[a.node] += a.bytes
+    simulated: Counter[str] = Counter()
+    for b in simulate(graph, built.batch, workspace=library).buffers:
+        simulated[graph.ops[b.producer].name] += b.bytes
+    # (a product whose result nothing needs is pruned: it runs nowhere)
+    products = [op.name for op in graph.ops
+                if op.type in ("Einsum", "BatchMatMulV2", "BatchMatMulV3") and recorded[op.name]]
+    assert len(products) >= 3, products
+    wrong = {n: (recorded[n], simulated[n]) for n in products if recorded[n] != simulated[n]}
+    assert not wrong, wrong
+
+
+#: Steps with loops whose iterations race on the emulated accelerator.
+LOOP_STEPS = [
+    "qrnn_pooling", "stacked_lstm", "gru_lstm", "hand_loop_rnn",
+    # Open: the scan's gradient loop starts popping and computing its early part while
+    # the gradient of the projection before it (two 0.4 MB buffers) is still alive: three
+    # runs measured 2.32, 2.13 and 2.92 MB (up to 1.069 of the worst peak, 2.77 MB)
+    pytest.param("selective_scan", marks=pytest.mark.xfail(
+        strict=False, reason="a loop's early part overlapping the ops before it")),
+]
+
+
+@pytest.mark.parametrize("name", LOOP_STEPS)
+def test_loops_racing_stay_within_the_worst_peak(name: str) -> None:
+    """The unmodified step on the emulated accelerator, three runs, within the worst peak.
+
+    A plan fits when the simulation's worst peak (:attr:`lmscore.memory.Simulation.
+    worst_peak_bytes`) is within the budget. With two devices and two threads the
+    executor runs a loop's iterations as soon as their inputs exist: a gradient loop's
+    carried gradient runs ahead and the partials its accumulators sum (a recurrent
+    weight gradient per step, a sequence's slice gradient) wait, iterations of them. The
+    stacked LSTM measured 1.63 to 2.08 MB (transient) against a worst peak of 1.25 MB
+    when only the expected course was counted.
+    """
+    from lmscore.measure import measure
+    from lmscore.memory import simulate
+    from lmscore.validate import EMULATION_THREADS
+
+    built = zoo.build(name)
+    graph = lmscore.from_graphdef_bytes(built.graphdef, source=name)
+    worst = simulate(graph, built.batch, workspace=cpu_kernel_library()).worst_peak_bytes
+    for _ in range(3):
+        m = measure(built.graphdef, built.batch, devices=2, inter_op_threads=EMULATION_THREADS)
+        measured = m.peak_bytes["CPU:0"] + m.persistent_bytes.get("CPU:0", 0)
+        assert measured <= worst, (measured, worst)
+
+
+@pytest.mark.parametrize("method", ["bilinear", "lanczos3"])
+def test_antialiased_resize_holds_one_direction_resized(method: str) -> None:
+    """``tf.image.resize(antialias=True)`` (``ScaleAndTranslate`` and its gradient).
+
+    The CPU kernels resize one direction at a time through a float32 temporary: the
+    step below simulated at 0.830 of measured without the gradient's (1 MiB at batch 8).
+    """
+    import tensorflow as tf
+
+    from lmscore.tfgraph import graphdef_from_concrete_function
+
+    w = tf.Variable(tf.random.normal([1, 1, 3, 16], stddev=0.1, seed=1))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            h = tf.nn.conv2d(x, w, 1, "SAME")
+            loss = tf.reduce_mean(tf.square(tf.image.resize(
+                h, [32, 24], method=method, antialias=True)))
+        w.assign_sub(0.01 * tape.gradient(loss, w))
+        return loss
+
+    cf = step.get_concrete_function(tf.TensorSpec([None, 64, 48, 3]))
+    graph = lmscore.from_graphdef_bytes(graphdef_from_concrete_function(cf), source=method)
+    v = validate(graph, 8)
+    # (the kernels' span tables, a few KB, are not counted)
+    assert abs(v.replayed_ratio - 1) <= 0.005 and abs(v.ratio - 1) <= 0.005, v
+
+
+def test_an_assign_keeps_the_value_it_assigns_as_the_variable():
+    """A history shifted by ``S.assign(tf.concat([S[1:], d[None]], 0))`` (L-BFGS) while a
+    row read before is still to be used: ``AssignVariableOp`` takes the concatenation's
+    buffer over, and the old one lives until that reader. Counting a copy beside the value
+    simulated 1.276 of measured."""
+    import tensorflow as tf
+
+    from lmscore.memory import simulate
+    from lmscore.tfgraph import graphdef_from_concrete_function
+
+    w = tf.Variable(tf.random.normal([64, 128], stddev=0.1, seed=1))
+    s = tf.Variable(tf.random.normal([5, 64 * 128], stddev=1e-3, seed=3), trainable=False)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - y))
+        g = tf.reshape(tape.gradient(loss, w), [-1])
+        last = s[4]  # read before the assign, used after it
+        s.assign(tf.concat([s[1:], g[None]], 0))
+        w.assign_sub(0.01 * tf.reshape(g + 1e-3 * tf.reduce_sum(last * g) * last, [64, 128]))
+        return loss
+
+    cf = step.get_concrete_function(tf.TensorSpec([None, 64]), tf.TensorSpec([None, 128]))
+    graph = lmscore.from_graphdef_bytes(graphdef_from_concrete_function(cf), source="shift")
+    v = validate(graph, 64)
+    assert abs(v.replayed_ratio - 1) <= 0.005 and abs(v.ratio - 1) <= 0.005, v
+    # the old buffer is held beside the value: counted from the op after the assign
+    sim = simulate(graph, 64, workspace=v.kernel_library)
+    assert [b.bytes for b in sim.buffers if b.tensor.endswith("/copy")] == [5 * 64 * 128 * 4]

@@ -297,6 +297,35 @@ def gpt_decoder(batch=None):
     return _custom_step(m, _sparse_ce(), opt, *_specs(batch, (64,), (64,), "int32"))
 
 
+def tied_lm(batch=None):
+    """A next-token model whose output layer is its embedding, transposed.
+
+    The logits are ``einsum("btd,vd->btv", h, embeddings)``, as users tie weights in
+    Keras 3 (a layer reading another's variable); the weight gradient of that einsum
+    (``btv,btd->vd``) reads its first operand transposed, which oneDNN's batched product
+    copies into blocks of its own (542,208 bytes beside a 65,536-byte gradient at batch 8).
+    Dropout, Adam.
+    """
+    k = _keras()
+    k.utils.set_random_seed(12)
+
+    class TiedLogits(k.layers.Layer):
+        def __init__(self, embedding, **kwargs):
+            super().__init__(**kwargs)
+            self.embedding = embedding
+
+        def call(self, x):
+            return k.ops.einsum("btd,vd->btv", x, self.embedding.embeddings)
+
+    inp = k.Input((64,), dtype="int32")
+    emb = k.layers.Embedding(256, 64)
+    x = k.layers.Dropout(0.1)(emb(inp))
+    x = k.layers.LayerNormalization()(k.layers.Dense(64, activation="gelu")(x))
+    m = k.Model(inp, TiedLogits(emb)(x), name="tied")
+    return _custom_step(m, _sparse_ce(), k.optimizers.Adam(1e-3),
+                        *_specs(batch, (64,), (64,), "int32"))
+
+
 def gru_lstm(batch=None):
     k = _keras()
     k.utils.set_random_seed(12)
@@ -1056,6 +1085,41 @@ def hand_loop_rnn(batch=None):
     return cf, ("fwd/",)
 
 
+def qrnn_pooling(batch=None):
+    """QRNN f-pooling written by hand: gates from one projection of the whole sequence,
+    then ``tf.while_loop`` over time steps, reading the time-major gate sequences whole.
+
+    The gradient of each step's slice ``f[t]`` is a sequence-sized ``StridedSliceGrad``
+    summed into the sequence's gradient, one per iteration: with a cheap carried gradient,
+    iterations run ahead and their slice gradients wait to be summed. Adam.
+    """
+    import tensorflow as tf
+
+    variables = wz, wf, v = _weights(29, wz=(16, 32), wf=(16, 32), v=(32, 3))
+    opt = _keras().optimizers.Adam(1e-3)
+    opt.build(variables)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            with tf.name_scope("fwd"):
+                z = tf.transpose(tf.tanh(tf.einsum("btd,dh->bth", x, wz)), [1, 0, 2])
+                f = tf.transpose(tf.sigmoid(tf.einsum("btd,dh->bth", x, wf)), [1, 0, 2])
+
+                def body(t, c):
+                    return t + 1, f[t] * c + (1 - f[t]) * z[t]
+
+                _, c = tf.while_loop(lambda t, c: t < 24, body, (0, tf.zeros_like(z[0])))
+                value = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    y, c @ v))
+                value = tf.identity(value, name="zoo_loss")
+        opt.apply_gradients(zip(tape.gradient(value, variables), variables, strict=True))
+        return value
+
+    cf = tf.function(step).get_concrete_function(*_specs(batch, (24, 16), ()))
+    cf.zoo_objects = (variables, opt)  # the function holds its variables weakly
+    return cf, ("fwd/",)
+
+
 
 def sparse_embedding(batch=None):
     """Bag-of-ids features: ``tf.nn.embedding_lookup_sparse`` (mean) over a 1,000-row table,
@@ -1239,6 +1303,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("unet3d", unet3d, 1, True),
     Entry("transformer_encoder", transformer_encoder, 4, False),
     Entry("gpt_decoder", gpt_decoder, 4, True),
+    Entry("tied_lm", tied_lm, 8, False),
     Entry("gru_lstm", gru_lstm, 4, False),
     Entry("stacked_lstm", stacked_lstm, 4, True),
     Entry("bigru_rnn", bigru_rnn, 8, False),
@@ -1246,6 +1311,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("ctc_bigru", ctc_bigru, 8, True),
     Entry("recurrent_dropout_rnn", recurrent_dropout_rnn, 16, False),
     Entry("hand_loop_rnn", hand_loop_rnn, 16, False),
+    Entry("qrnn_pooling", qrnn_pooling, 64, False),
     Entry("seq2seq_attention", seq2seq_attention, 16, False),
     Entry("graph_network", graph_network, 8, False),
     Entry("cond_mlp", cond_mlp, 256, False),
