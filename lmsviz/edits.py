@@ -655,6 +655,12 @@ def _control(app: AppContext, trigger: str | None, values: dict[str, Any],
     up = _dispatch(app, trigger, values, session)
     tab = str(session.get("tab") or "")
     history = session.get("history") or {}
+    if (up.plan is not None and up.history is None and not up.error and up.graph is None
+            and up.plan.get("json") == (session.get("plan") or {}).get("json")):
+        # an edit that leaves the plan as it was (one group of a single swap-in, the same
+        # trigger again) takes no undo step: five of sixteen did, undone with no change
+        said = f": {up.message}" if up.message else ""
+        up = replace(up, plan=None, message=f"the plan is unchanged{said}")
     if up.plan is not None and up.history is None and not up.error:
         if up.graph is not None:  # another graph: its plans are another history
             history = {"undo": [], "redo": []}

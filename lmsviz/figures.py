@@ -363,7 +363,9 @@ def memory_axis(curves: Curves) -> dict[str, Any]:
     """The memory row's y-axis: its range (:func:`memory_range`) and human-unit ticks."""
     rng = memory_range(curves)
     vals, text = memory_ticks(rng[1])
-    return {"range": rng, "tickvals": vals, "ticktext": text, "tickmode": "array"}
+    # (a double-click's autorange then starts at 0, not at a negative margin)
+    return {"range": rng, "tickvals": vals, "ticktext": text, "tickmode": "array",
+            "rangemode": "nonnegative"}
 
 
 def level_hover(values: Sequence[int], tops: Sequence[Sequence[tuple[str, int]]] | None
@@ -1190,7 +1192,7 @@ def compare_figure(series: Sequence[tuple[str, Sequence[int]]], budget: int | No
         hovermode="x unified", legend={"orientation": "h", "y": -0.25, "x": 0},
         yaxis={"tickvals": vals, "ticktext": text, "tickmode": "array",
                "range": [0, top * 1.08 / MIB or 1], "gridcolor": "#e5e7eb",
-               "title": {"text": "device memory"}},
+               "title": {"text": "device memory"}, "rangemode": "nonnegative"},
         xaxis={"title": {"text": "level"}, "gridcolor": "#f1f5f9"},
     )
     if level is not None:
@@ -1329,7 +1331,7 @@ def batch_figure(p: BatchPlot) -> go.Figure:
         xaxis={"type": "log", "title": {"text": "batch size"}, "gridcolor": "#f1f5f9"},
         yaxis={"tickvals": vals, "ticktext": text, "tickmode": "array",
                "range": [0, ymax], "gridcolor": "#e5e7eb",
-               "title": {"text": "peak device memory"}},
+               "title": {"text": "peak device memory"}, "rangemode": "nonnegative"},
         yaxis2={"overlaying": "y", "side": "right", "title": {"text": "step time (ms)"},
                 "showgrid": False, "rangemode": "tozero"},
     )

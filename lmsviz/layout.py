@@ -153,7 +153,7 @@ def views(rendered: Any) -> html.Div:
         html.Div(rendered.note, id="ordering-note", className="note"),
         html.Div([
             dcc.Input(id="find", type="text", debounce=True, className="text",
-                      placeholder="find an op or tensor by name (Enter)"),
+                      placeholder="find op or tensor (Enter)"),
             html.Span(id="window-note", className="note"),
         ], className="row"),
         html.Details([

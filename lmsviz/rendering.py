@@ -20,6 +20,7 @@ from dash import html, no_update
 
 import lmscore
 from lmscore.errors import ConfigError, PlanError
+from lmscore.evaluate import KEPT as KEPT_BUFFER
 from lmscore.ir import split_tensor
 from lmscore.memory import (
     DEFAULT_SAFETY,
@@ -252,9 +253,13 @@ def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1,
         listed = []
         for r in after.evaluation.on_device(level):
             t = base.row(r.of) if r.of else None
-            if t is not None and r.of not in (t.tensor, t.swap_tensor):
+            if t is not None and (r.of not in (t.tensor, t.swap_tensor) or (
+                    r.kind != KEPT_BUFFER and r.of != (t.swap_tensor or t.tensor))):
                 # a view the plan swaps (a Reshape's output) whose buffer's row names
-                # another of its tensors: the row of the tensor the plan decides on
+                # another of its tensors, or a swap-in (a clone) of the buffer's first
+                # name whose row would name the view read farthest away: the row of the
+                # tensor the plan decides on, which its toggle edits (else each click
+                # edited a view while the row showed the buffer's swap-in)
                 t = replace(t, tensor=r.of, swap_tensor=r.of)
             if t is None:  # a workspace of the rewritten step: no tensor to toggle
                 t = lmscore.LiveTensor(tensor=r.tensor, bytes=r.bytes, producer_level=level,
@@ -278,7 +283,9 @@ def hotspot_rows(base: Base, plan: Plan, level: int, *, ahead: int = 1,
         n = seen[tensor] = seen.get(tensor, 0) + 1
         on = t.tensor in swapped or t.swap_tensor in swapped
         again = t.tensor in recomputed or t.swap_tensor in recomputed
-        if split_tensor(tensor)[0] in base.loaded.graph.index:
+        if again:  # the plan recomputes it: its toggle takes that back
+            refused = ""
+        elif split_tensor(tensor)[0] in base.loaded.graph.index:
             refused = _reason(base.recompute_refused(tensor, ahead), tensor)
         else:  # a kernel workspace or a loop's results: no tensor of the graph to name
             refused = t.reason
@@ -341,12 +348,17 @@ def _row_styles(tensor: str | None) -> list[dict[str, Any]]:
     return styles
 
 
-def fit_verdict(sim: Simulation, budget: int, host_limit: int) -> tuple[str, str]:
+def fit_verdict(sim: Simulation, budget: int, host_limit: int,
+                unpinned: bool = False) -> tuple[str, str]:
     """The summary's budget line and its class: the tuner's "fits", and what it counts.
 
     The same test as ``lms tune`` (:func:`lmscore.memory.fits` at
     :data:`~lmscore.memory.DEFAULT_SAFETY`), so the page says "fits" where the tuner does;
     the line names the margin kept free and what may come on top of the peak shown.
+    ``unpinned``: the simulation is of a plan that does not pin its order of the ops (the
+    tuner's do): TensorFlow may run another and hold more (a knob plan the page called
+    fitting measured 1.28 of its budget in one run of three), so its "fits" is said to
+    hold in the simulated order only.
 
     >>> from lmscore.memory import Simulation
     >>> sim = Simulation((90,), (30,), 90, 0, 40, 0, 50, 0, (), (), 1)
@@ -356,6 +368,8 @@ def fit_verdict(sim: Simulation, budget: int, host_limit: int) -> tuple[str, str
     'does not fit (over by 5 B, 10% of the budget above persistent memory kept free)'
     >>> fit_verdict(sim, 30, 10**9)[0][:45]
     'does not fit: its persistent memory alone (40'
+    >>> fit_verdict(sim, 100, 10**9, unpinned=True)[0][:60]
+    'fits in the simulated order of the ops, which this plan does'
     """
     if sim.persistent_bytes >= budget:  # as the tuner says it
         return f"does not fit: {persistent_over(sim.persistent_bytes, budget)}", "bad"
@@ -363,9 +377,12 @@ def fit_verdict(sim: Simulation, budget: int, host_limit: int) -> tuple[str, str
     kept = f"{100 - round(100 * DEFAULT_SAFETY)}% of the budget above persistent memory kept free"
     race = sim.worst_peak_bytes - sim.peak_bytes
     if race > 0:
-        kept += (f", and {format_bytes(race)} over the peak counted: what a loop may run "
-                 "ahead or a swapped tensor may be held")
+        kept += f", and {format_bytes(race)} that racing loops or swaps may hold"
     if fits_device(sim, budget, DEFAULT_SAFETY, host_bytes=host_limit):
+        if unpinned:
+            return (f"fits in the simulated order of the ops, which this plan does not pin: "
+                    f"TensorFlow may run another and hold more; auto-tune's plans pin "
+                    f"theirs ({format_bytes(margin)} to spare, {kept})", "warn")
         return f"fits ({format_bytes(margin)} to spare, {kept})", "ok"
     return f"does not fit (over by {format_bytes(-margin)}, {kept})", "bad"
 
@@ -400,7 +417,8 @@ def summary(loaded: LoadedGraph, base: Base, plan: Plan, plan_data: dict[str, An
         fits, fits_cls = (f"does not fit: host memory over its limit by "
                           f"{format_bytes(host_peak - host_limit)}", "bad")
     else:
-        fits, fits_cls = fit_verdict(shown, budget, host_limit)
+        unpinned = after is not None and not plan.pin_schedule and not plan.changes_nothing()
+        fits, fits_cls = fit_verdict(shown, budget, host_limit, unpinned)
     n_in = len(after.rewrite.swap_ins) if after else 0
     n_sync = len(after.rewrite.synchronous) if after else 0
     skipped = after.rewrite.skipped if after else ()

@@ -201,6 +201,18 @@ def test_compare_and_batch_figures():
     assert list(fig.data[0].y) == [1024, 2048, 4096, 8192]
 
 
+def test_memory_axes_reset_to_zero_not_below():
+    """A double-click resets an axis to its autorange, which went below 0 (-292.5 MiB on
+    the batch plot, -56.3 MiB on the studio's memory row)."""
+    curves = figures.Curves(before=[0, 3 * GIB, GIB])
+    studio, _ = figures.studio_figure(chain_ops(3), figures.op_positions(
+        [0, 1, 2], ["forward"] * 3), curves)
+    compare = figures.compare_figure([("no plan", [0, 3 * GIB, GIB])], 2 * GIB, level=1)
+    plot = figures.batch_figure(figures.BatchPlot([1, 2], [GIB, 2 * GIB], [0.1, 0.2], 5 * GIB, 2))
+    assert studio.layout.yaxis2.rangemode == compare.layout.yaxis.rangemode == (
+        plot.layout.yaxis.rangemode) == "nonnegative"
+
+
 def test_comparison_rows():
     from lmscore.compare import PlanSummary
 

@@ -260,6 +260,7 @@ def test_new_context_refuses_a_missing_file(tmp_path):
     ("empty.pb", b"", "empty"),
     ("big.pb", b"\0" * (8 * MIB + 1), "over the upload limit"),
     ("model.zip", b"PK\x03\x04broken", "unreadable zip"),
+    ("plan.pb", b'{"version": 2, "graph": "x", "swaps": []}', "a plan (JSON), not a graph"),
 ])
 def test_bad_uploads_are_refused_with_a_clear_message(ctx, name, data, why):
     up = edits.upload_graph(ctx, gate(name, data), session(ctx)["settings"])
@@ -1110,6 +1111,15 @@ def test_the_table_with_a_plan_lists_every_buffer_on_the_device(tmp_path):
         twice = [r for r in rows if rendering.ROW_COPY in r["id"]]
         assert twice and all(rendering.row_tensor(r["id"]) in {x["id"] for x in rows}
                              for r in twice)
+    # a recomputed row never says why it could not be recomputed (the tuner's choice,
+    # beyond what a hand edit's knob allows, read "recomputable: no op within 10 levels")
+    levels = [lvl for lvl in range(len(base.sim.device_curve))
+              if any(r.kind == "recomputed" for r in ev.on_device(lvl))]
+    assert levels
+    again = [r for lvl in levels[::max(1, len(levels) // 8)]
+             for r in rendering.hotspot_rows(base, plan, lvl, after=after)
+             if r["decision"] == rendering.RECOMPUTED]
+    assert again and all(r["recomputable"] == "yes" for r in again), again[:2]
 
 
 def test_a_toggled_row_stays_in_the_table_when_its_tensor_leaves_the_device(tmp_path):
@@ -1143,3 +1153,80 @@ def test_find_says_when_it_took_the_best_of_several(tmp_path):
     assert exact.message.startswith("found mlp_1/dense_1/Relu at level ")
     many = edits.find_name(c, s["graph"], s["view"], "MatMul")
     assert " more match: " in many.message and many.view["op"] is not None
+
+
+def test_a_swap_in_row_toggles_the_tensor_the_plan_swaps(tmp_path):
+    """A swap-in of a gradient whose buffer's farthest reader is a view of it (an
+    ``Add``'s ``Reshape``) named the view: ResNet-50 at batch 8 with the page's knobs,
+    each click at the peak un-swapped or swapped a view while the row went on showing
+    the gradient's swap-in, and the peak never moved."""
+    c = state.new_context("resnet50", None, upload_cap_bytes=MIB, data_dir=tmp_path)
+    s = session(c)
+    knobs = {f"knob-{k.replace('sync_mode', 'sync')}": v for k, v in state.DEFAULT_KNOBS.items()}
+    up = edits.control(c, "knobs-apply", knobs, s)
+    assert not up.error
+    loaded = c.resolve(s["graph"])
+    base = results.base_of(c, loaded, s["settings"]["batch"])
+    plan = results.plan_of(c, loaded, up.plan["json"])
+    after = results.after_of(c, base, plan)
+    ev = after.evaluation
+
+    def named_otherwise(r):  # a swap-in of a buffer's first tensor, its row a view's
+        t = base.row(r.of)
+        return r.kind == "swap-in" and t is not None and t.tensor == r.of != t.swap_tensor
+
+    level = next(lvl for lvl in range(len(base.sim.device_curve))
+                 if any(map(named_otherwise, ev.on_device(lvl))))
+    rows = rendering.hotspot_rows(base, plan, level, after=after)
+    swap_ins = [r for r in rows if r["held"] == "swap-in"]
+    assert swap_ins
+    for r in swap_ins:  # the row's tensor is the one the plan swaps
+        assert r["decision"] == rendering.SWAPPED and r["tensor"] in plan.swapped(), r
+    assert sorted(r["tensor"] for r in swap_ins) == sorted(
+        r.of for r in ev.on_device(level) if r.kind == "swap-in")
+    top = swap_ins[0]
+    down = edits.toggle_swap(c, s["graph"], s["settings"], up.plan, s["view"], top["id"])
+    assert not down.error and top["tensor"] not in results.plan_of(
+        c, loaded, down.plan["json"]).swapped()
+
+
+def test_a_plan_that_does_not_pin_its_order_fits_only_in_that_order(fresh):
+    """A knob plan the page called "fits" measured 1.28 of its budget in one run of three
+    (TensorFlow ran its ops in another order); the tuner's plans pin theirs."""
+    s = session(fresh)
+    s = {**s, "settings": {**s["settings"], "budget": "1GiB"}}
+    knobs = {f"knob-{k.replace('sync_mode', 'sync')}": v for k, v in state.DEFAULT_KNOBS.items()}
+    up = edits.control(fresh, "knobs-apply", knobs, s)
+    assert not up.error and not plan_from_json(up.plan["json"]).pin_schedule
+
+    def verdict(plan_data: dict) -> tuple[str, str]:
+        r = rendering.render(fresh, {**s, "plan": plan_data})
+        items = {item.children[1].id: (item.children[1].children, item.children[1].className)
+                 for item in r.summary}
+        return items["sum-fits"]
+
+    text, cls = verdict(up.plan)
+    assert text.startswith("fits in the simulated order of the ops, which this plan does "
+                           "not pin") and "warn" in cls
+    assert verdict(s["plan"])[0].startswith("fits (")  # no plan: TensorFlow's own order
+
+
+def test_an_edit_that_changes_nothing_takes_no_undo_step(tmp_path):
+    """"one group" of a tensor already in one group answered as if it had regrouped, and
+    took an undo step that changed nothing when undone."""
+    c = state.new_context("lstm", None, upload_cap_bytes=MIB, data_dir=tmp_path)
+    s = session(c)
+    knobs = {f"knob-{k.replace('sync_mode', 'sync')}": v for k, v in state.DEFAULT_KNOBS.items()}
+    up = edits.control(c, "knobs-apply", knobs, s)
+    s = {**s, "plan": up.plan, "history": up.history}
+    tensor = plan_from_json(up.plan["json"]).swapped()[0]
+    s = {**s, "view": {**s["view"], "tensor": tensor}}
+    once = edits.control(c, "edit-onegroup", {}, s)
+    assert not once.error
+    if once.plan is not None:
+        s = {**s, "plan": once.plan, "history": once.history}
+    undo_steps = len(s["history"]["undo"])
+    again = edits.control(c, "edit-onegroup", {}, s)
+    assert not again.error and again.plan is None
+    assert again.message.startswith("the plan is unchanged")
+    assert again.history is None or len(again.history["undo"]) == undo_steps
