@@ -130,11 +130,22 @@ def _switch_to(app: AppContext, loaded: LoadedGraph, settings: dict[str, Any], t
 
 
 def upload_graph(app: AppContext, gate: dict[str, Any] | None,
-                 settings: dict[str, Any], tab: str = "") -> Update:
-    """An uploaded graph file: refuse it with a clear message, or switch to it."""
+                 settings: dict[str, Any], tab: str = "",
+                 previous: dict[str, Any] | None = None) -> Update:
+    """An uploaded graph file: refuse it with a clear message, or switch to it.
+
+    The batch size stays the user's, but for one the ``previous`` graph's inputs had fixed:
+    never the user's, it is not kept (a graph of an unknown batch uploaded after one fixed
+    at 2 was shown at 2, where ``lms`` takes 1, and a graph fixed at 32 was said not to
+    take "batch size 8", a batch the user had never typed).
+    """
+    inherited = bool((previous or {}).get("fixed_batch")) and (
+        settings.get("batch") == previous["fixed_batch"])
     try:
         name, data = decode_upload(gate, app.upload_cap_bytes)
         loaded = accept_upload(app, name, data)
+        if inherited:
+            settings = {**settings, "batch": loaded.fixed_batch or loaded.default_batch or 1}
         # sized and simulated now, so that a graph that cannot be shown never replaces one
         # that can (the render that follows finds the result cached)
         base_of(app, loaded, loaded.fixed_batch or int(settings.get("batch") or 1),
@@ -696,7 +707,7 @@ def _dispatch(app: AppContext, trigger: str | None, values: dict[str, Any],
     if trigger == "graph-picker":
         return choose_graph(app, values.get("graph-picker") or "", g, s, tab)
     if trigger == "graph-gate":
-        return upload_graph(app, values.get("graph-gate"), s, tab)
+        return upload_graph(app, values.get("graph-gate"), s, tab, g)
     if trigger == "batch":
         return set_batch(s, values.get("batch"), g)
     if trigger == "budget":

@@ -108,3 +108,30 @@ def test_a_gru_s_state_accumulator_holds_what_its_output_list_does_not():
     element = batch * units * 4
     assert [sizes.nbytes[i][p] for p in partners] == [element]
     assert sizes.nbytes[i][k_dup] == (frames - 1) * element
+
+
+def test_an_svd_gradient_s_shapes_match_tensorflow():
+    """The gradient of ``svd(z, compute_uv=False)`` of a tall ``[batch, 24]`` product
+    computes ``u`` and ``v`` again: left unknown, and the diagonal of the singular values
+    sized by the batch, the step simulated at 3.71 of measured."""
+    import tensorflow as tf
+
+    from lmscore.tfgraph import graphdef_from_concrete_function
+
+    w = tf.Variable(tf.random.normal([32, 24], stddev=0.1, seed=1))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.linalg.svd(tf.matmul(x, w), compute_uv=False))
+        w.assign_sub(0.01 * tape.gradient(loss, w))
+        return loss
+
+    data = graphdef_from_concrete_function(step.get_concrete_function(
+        tf.TensorSpec([None, 32])))
+    graph = lmscore.from_graphdef_bytes(data, source="svd")
+    _compare(graph, data, 64)
+    sizes = resolve(graph, 64)
+    svd = [sizes.shapes[i] for i, op in enumerate(graph.ops)
+           if op.type == "Svd" and op.name.startswith("gradient_tape/")]
+    assert svd == [((24,), (64, 24), (24, 24))]

@@ -1230,3 +1230,36 @@ def test_an_edit_that_changes_nothing_takes_no_undo_step(tmp_path):
     assert not again.error and again.plan is None
     assert again.message.startswith("the plan is unchanged")
     assert again.history is None or len(again.history["undo"]) == undo_steps
+
+
+def test_a_batch_a_graph_fixed_is_not_kept_for_the_next(tmp_path):
+    """A graph of unknown batch uploaded after one whose inputs fixed the batch at 2 was
+    shown at 2 (``lms`` takes 1), and a graph fixed at another batch was said not to take
+    a batch size the user never typed."""
+    from tensorboard.compat.proto import graph_pb2
+
+    data = (samples.sample_dir() / "mlp.pb").read_bytes()
+    gd = graph_pb2.GraphDef()
+    gd.ParseFromString(data)
+
+    def fixed_at(n: int) -> bytes:
+        for node in gd.node:
+            if node.op == "Placeholder" and node.attr["shape"].shape.dim:
+                node.attr["shape"].shape.dim[0].size = n
+                node.attr["_output_shapes"].list.shape[0].dim[0].size = n
+        return gd.SerializeToString()
+
+    c = state.new_context("mlp", None, upload_cap_bytes=MIB, data_dir=tmp_path)
+    s = session(c)
+    two = edits.control(c, "graph-gate", {"graph-gate": gate("two.pb", fixed_at(2))}, s)
+    assert not two.error and two.settings["batch"] == 2  # (the sample's 32 "does not apply")
+    s = {**s, "graph": two.graph, "settings": two.settings}
+    three = edits.control(c, "graph-gate", {"graph-gate": gate("three.pb", fixed_at(3))}, s)
+    assert three.settings["batch"] == 3 and "does not apply" not in three.message
+    s = {**s, "graph": three.graph, "settings": three.settings}
+    free = edits.control(c, "graph-gate", {"graph-gate": gate("free.pb", data)}, s)
+    assert not free.error and free.settings["batch"] == 1, free.message
+    # a batch the user typed stays
+    s = {**s, "graph": free.graph, "settings": {**free.settings, "batch": 16}}
+    again = edits.control(c, "graph-gate", {"graph-gate": gate("free2.pb", data + b"")}, s)
+    assert again.settings["batch"] == 16
