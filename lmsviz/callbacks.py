@@ -52,7 +52,8 @@ def register(app: dash.Dash, state: AppContext) -> None:
         "st-tune": "data", "st-graph": "data", "st-settings": "data", "find": "value",
     }
     fields = {"knob-threshold": "value", "knob-ahead": "value", "knob-groupby": "value",
-              "knob-sync": "value", "edit-group": "value", "edit-groupby": "value"}
+              "knob-sync": "value", "edit-group": "value", "edit-groupby": "value",
+              "tune-run": "disabled"}
     stores = ("st-graph", "st-settings", "st-plan", "st-view")
 
     _upload_gate(app, "graph")
@@ -213,7 +214,8 @@ def register(app: dash.Dash, state: AppContext) -> None:
         ],
         progress=[Output("tune-progress", "value"), Output("tune-status", "children")],
         progress_default=[0, ""],
-        cancel=[Input("tune-cancel", "n_clicks")],
+        # another graph cancels a run for the one shown (its plan would be refused)
+        cancel=[Input("tune-cancel", "n_clicks"), Input("st-graph", "data")],
         interval=400,
         prevent_initial_call=True,
     )

@@ -664,6 +664,10 @@ def control(app: AppContext, trigger: str | None, values: dict[str, Any],
 def _control(app: AppContext, trigger: str | None, values: dict[str, Any],
              session: dict[str, Any]) -> Update:
     up = _dispatch(app, trigger, values, session)
+    if up.graph is not None and values.get("tune-run") is True and up.message:
+        # the page cancels a run when another graph comes (lmsviz.callbacks): said, where
+        # it went without a word
+        up = replace(up, message=f"{up.message}; the auto-tune that was running is cancelled")
     tab = str(session.get("tab") or "")
     history = session.get("history") or {}
     if (up.plan is not None and up.history is None and not up.error and up.graph is None

@@ -1263,3 +1263,20 @@ def test_a_batch_a_graph_fixed_is_not_kept_for_the_next(tmp_path):
     s = {**s, "graph": free.graph, "settings": {**free.settings, "batch": 16}}
     again = edits.control(c, "graph-gate", {"graph-gate": gate("free2.pb", data + b"")}, s)
     assert again.settings["batch"] == 16
+
+
+def test_another_graph_cancels_a_running_tune_and_says_so(tmp_path):
+    """An upload while auto-tune ran dropped the run without a word."""
+    c = state.new_context("mlp", None, upload_cap_bytes=MIB, data_dir=tmp_path)
+    s = session(c)
+    data = (samples.sample_dir() / "lstm.pb").read_bytes()
+    running = edits.control(c, "graph-gate", {"graph-gate": gate("lstm.pb", data),
+                                              "tune-run": True}, s)
+    assert not running.error and running.message.endswith(
+        "; the auto-tune that was running is cancelled")
+    idle = edits.control(c, "graph-gate", {"graph-gate": gate("lstm.pb", data),
+                                           "tune-run": False}, s)
+    assert "auto-tune" not in idle.message
+    refused = edits.control(c, "graph-gate", {"graph-gate": gate("x.pb", b"\x07\xff" * 20),
+                                              "tune-run": True}, s)
+    assert refused.error and "auto-tune" not in refused.message
