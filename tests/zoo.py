@@ -117,6 +117,28 @@ def _v1_step(model, loss_fn, optimizer, x_spec, y_spec):
     return cf, ("fwd/",)
 
 
+def _variables_step(forward, variables, opt, specs):
+    """A custom-loop step over plain variables: ``forward(x, y)``, the loss, under ``fwd/``.
+
+    The step (tape, gradient, ``apply_gradients``) as users write it around their own
+    forward pass, traced at ``specs``.
+    """
+    import tensorflow as tf
+
+    opt.build(variables)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            with tf.name_scope("fwd"):
+                value = tf.identity(forward(x, y), name="zoo_loss")
+        opt.apply_gradients(zip(tape.gradient(value, variables), variables, strict=True))
+        return value
+
+    cf = tf.function(step).get_concrete_function(*specs)
+    cf.zoo_objects = (variables, opt)  # the function holds its variables weakly
+    return cf, ("fwd/",)
+
+
 def _fit_step(model, x_spec, y_spec):
     """Keras' own ``train_step`` (what ``model.fit`` runs), metrics and all."""
     import tensorflow as tf
@@ -1062,27 +1084,19 @@ def hand_loop_rnn(batch=None):
     import tensorflow as tf
 
     variables = w, u, v = _weights(23, w=(16, 32), u=(32, 32), v=(32, 3))
-    opt = _keras().optimizers.RMSprop(1e-3)
-    opt.build(variables)
 
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            with tf.name_scope("fwd"):
-                h0 = tf.zeros((tf.shape(x)[0], 32))
+    def forward(x, y):
+        h0 = tf.zeros((tf.shape(x)[0], 32))
 
-                def body(t, h):
-                    return t + 1, tf.tanh(x[:, t] @ w + h @ u)
+        def body(t, h):
+            return t + 1, tf.tanh(x[:, t] @ w + h @ u)
 
-                _, h = tf.while_loop(lambda t, h: t < 25, body, (0, h0))
-                value = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
-                    y, h @ v, from_logits=True))
-                value = tf.identity(value, name="zoo_loss")
-        opt.apply_gradients(zip(tape.gradient(value, variables), variables, strict=True))
-        return value
+        _, h = tf.while_loop(lambda t, h: t < 25, body, (0, h0))
+        return tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+            y, h @ v, from_logits=True))
 
-    cf = tf.function(step).get_concrete_function(*_specs(batch, (25, 16), ()))
-    cf.zoo_objects = (variables, opt)  # the function holds its variables weakly
-    return cf, ("fwd/",)
+    return _variables_step(forward, variables, _keras().optimizers.RMSprop(1e-3),
+                           _specs(batch, (25, 16), ()))
 
 
 def qrnn_pooling(batch=None):
@@ -1096,29 +1110,19 @@ def qrnn_pooling(batch=None):
     import tensorflow as tf
 
     variables = wz, wf, v = _weights(29, wz=(16, 32), wf=(16, 32), v=(32, 3))
-    opt = _keras().optimizers.Adam(1e-3)
-    opt.build(variables)
 
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            with tf.name_scope("fwd"):
-                z = tf.transpose(tf.tanh(tf.einsum("btd,dh->bth", x, wz)), [1, 0, 2])
-                f = tf.transpose(tf.sigmoid(tf.einsum("btd,dh->bth", x, wf)), [1, 0, 2])
+    def forward(x, y):
+        z = tf.transpose(tf.tanh(tf.einsum("btd,dh->bth", x, wz)), [1, 0, 2])
+        f = tf.transpose(tf.sigmoid(tf.einsum("btd,dh->bth", x, wf)), [1, 0, 2])
 
-                def body(t, c):
-                    return t + 1, f[t] * c + (1 - f[t]) * z[t]
+        def body(t, c):
+            return t + 1, f[t] * c + (1 - f[t]) * z[t]
 
-                _, c = tf.while_loop(lambda t, c: t < 24, body, (0, tf.zeros_like(z[0])))
-                value = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-                    y, c @ v))
-                value = tf.identity(value, name="zoo_loss")
-        opt.apply_gradients(zip(tape.gradient(value, variables), variables, strict=True))
-        return value
+        _, c = tf.while_loop(lambda t, c: t < 24, body, (0, tf.zeros_like(z[0])))
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, c @ v))
 
-    cf = tf.function(step).get_concrete_function(*_specs(batch, (24, 16), ()))
-    cf.zoo_objects = (variables, opt)  # the function holds its variables weakly
-    return cf, ("fwd/",)
-
+    return _variables_step(forward, variables, _keras().optimizers.Adam(1e-3),
+                           _specs(batch, (24, 16), ()))
 
 
 def sparse_embedding(batch=None):
