@@ -55,9 +55,9 @@ CASES = [
     # 25 s: under -m slow, to keep the default suite under 15 minutes on 2 cores
     pytest.param("mobilenet_v2", 64, 0.6, marks=pytest.mark.slow),
     ("fit_mixed_transformer", 4, 0.6),
-    # tied embeddings: the logits' weight gradient einsum takes oneDNN's operand copies
-    ("tied_lm", 8, 0.6),
-    ("tied_lm", 8, 0.4),
+    # tied embeddings: the logits' weight gradient (a batched product reading its first
+    # operand transposed) takes oneDNN's operand copies; at 60% that op alone is over B
+    ("tied_lm", 8, 0.8),
     # dilated convolutions: SpaceToBatchND's tensors have batch x dilation rows
     ("dilated_conv1d", 16, 0.5),
     # a gather's rows are its indices', a segment sum's its num_segments (unknown batch)
