@@ -322,11 +322,10 @@ def gpt_decoder(batch=None):
 def tied_lm(batch=None):
     """A next-token model whose output layer is its embedding, transposed.
 
-    The logits are ``einsum("btd,vd->btv", h, embeddings)``, as users tie weights in
-    Keras 3 (a layer reading another's variable); the weight gradient of that einsum
-    (``btv,btd->vd``) reads its first operand transposed, which oneDNN's batched product
-    copies into blocks of its own (542,208 bytes beside a 65,536-byte gradient at batch 8).
-    Dropout, Adam.
+    The logits are ``keras.ops.einsum("btd,vd->btv", h, embeddings)``, as users tie
+    weights in Keras 3 (a layer reading another's variable), which Keras runs as batched
+    matrix products; the embedding's gradient reads the logits' gradient transposed, which
+    oneDNN's batched product copies into blocks of its own. Dropout, Adam.
     """
     k = _keras()
     k.utils.set_random_seed(12)
