@@ -1113,10 +1113,14 @@ def test_the_table_with_a_plan_lists_every_buffer_on_the_device(tmp_path):
                              for r in twice)
     # a recomputed row never says why it could not be recomputed (the tuner's choice,
     # beyond what a hand edit's knob allows, read "recomputable: no op within 10 levels")
-    levels = [lvl for lvl in range(len(base.sim.device_curve))
-              if any(r.kind == "recomputed" for r in ev.on_device(lvl))]
+    from lmscore.evaluate import resident
+
+    spans = [(b.first, b.last) for b in ev.after.buffers if not b.host and not b.scratch
+             and resident(ev.rewrite.graph, b).kind == "recomputed"]
+    levels = [lvl for lvl, at in enumerate(ev.level_positions)
+              if any(first <= at <= last for first, last in spans)]
     assert levels
-    again = [r for lvl in levels[::max(1, len(levels) // 8)]
+    again = [r for lvl in levels[::max(1, len(levels) // 3)][:3]
              for r in rendering.hotspot_rows(base, plan, lvl, after=after)
              if r["decision"] == rendering.RECOMPUTED]
     assert again and all(r["recomputable"] == "yes" for r in again), again[:2]
