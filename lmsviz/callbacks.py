@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import dash
-from dash import Input, Output, State, ctx, dcc, no_update
+from dash import ClientsideFunction, Input, Output, State, ctx, dcc, no_update
 
 from lmscore.errors import LmsError
 
@@ -45,7 +45,7 @@ def register(app: dash.Dash, state: AppContext) -> None:
         "graph-picker": "value", "graph-gate": "data", "batch": "value", "budget": "value",
         "device": "value", "link": "value", "workspace": "value", "knobs-apply": "n_clicks",
         "plan-reset": "n_clicks",
-        "plan-gate": "data", "hotspots": "active_cell", "studio": "clickData",
+        "plan-gate": "data", "hotspots": "active_cell", "st-click": "data",
         "edit-trigger": "n_clicks", "edit-sync": "n_clicks", "edit-regroup": "n_clicks",
         "edit-swap-op": "n_clicks", "tune-cancel": "n_clicks",
         "edit-onegroup": "n_clicks", "undo": "n_clicks", "redo": "n_clicks",
@@ -58,6 +58,10 @@ def register(app: dash.Dash, state: AppContext) -> None:
 
     _upload_gate(app, "graph")
     _upload_gate(app, "plan")
+    # a click on the views selects only when it was neither part of a double click nor a
+    # drag (assets/page.js)
+    app.clientside_callback(ClientsideFunction("lms", "clickGate"), Output("st-click", "data"),
+                            Input("studio", "clickData"), prevent_initial_call=True)
 
     @app.callback(
         *[Output(s, "data") for s in stores], Output("st-history", "data"),
@@ -398,7 +402,7 @@ def internal_error(action: str, exc: BaseException) -> str:
 #: to the table and the swap editor (edits of the plan, clicks on the views).
 MESSAGES = ("message", "edit-message")
 #: Actions answered next to the table and the swap editor.
-EDIT_ACTIONS = frozenset({"hotspots", "studio", "edit-trigger", "edit-swap-op", "edit-sync",
+EDIT_ACTIONS = frozenset({"hotspots", "st-click", "edit-trigger", "edit-swap-op", "edit-sync",
                           "edit-regroup", "edit-onegroup", "undo", "redo"})
 
 

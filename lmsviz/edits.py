@@ -696,7 +696,7 @@ def _control(app: AppContext, trigger: str | None, values: dict[str, Any],
 #: Components whose firing is a user's action (the stores fire on reloads too).
 USER_ACTIONS = frozenset({
     "graph-picker", "graph-gate", "batch", "budget", "workspace", "device", "link",
-    "knobs-apply", "plan-reset", "plan-gate", "hotspots", "studio", "edit-trigger",
+    "knobs-apply", "plan-reset", "plan-gate", "hotspots", "st-click", "edit-trigger",
     "edit-swap-op", "edit-sync", "edit-regroup", "edit-onegroup", "undo", "redo",
     "tune-cancel", "st-tune",
 })
@@ -739,8 +739,8 @@ def _dispatch(app: AppContext, trigger: str | None, values: dict[str, Any],
         if cell.get("column_id") == "recompute":
             return toggle_recompute(app, g, s, p, v, tensor)
         return select_tensor(v, tensor)
-    if trigger == "studio":
-        return click_figure(app, v, values.get("studio"), g)
+    if trigger == "st-click":
+        return click_figure(app, v, values.get("st-click"), g)
     if trigger == "find":
         return find_name(app, g, v, values.get("find"))
     if trigger == "edit-trigger":

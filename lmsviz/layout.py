@@ -60,7 +60,9 @@ def _number(id_: str, value: Any, minimum: int, hint: str, label: str) -> html.L
 #: The graph's config: no logo, cloud or chart-studio button, no wheel zoom (the wheel
 #: scrolls the page; zoom by dragging or with the buttons). Only keys the plotly.js that
 #: Dash serves knows (its "showLink" and "showEditInChartStudio" are gone; the page test
-#: checks that neither is on).
+#: checks that neither is on). A figure follows the window's width through
+#: ``assets/page.js``, not through Dash's "responsive", which gives the figure's box no
+#: height (clicks then land on the table below it).
 GRAPH_CONFIG = {
     "displaylogo": False, "scrollZoom": False, "showSendToCloud": False,
     "plotlyServerURL": "", "sendData": False, "showTips": False,
@@ -299,6 +301,7 @@ def build(app: AppContext, session: dict[str, Any], rendered: Any,
         # the tab's id: a reloaded tab keeps the one in its session storage
         dcc.Store(id="st-tab", storage_type="session", data=session["tab"]),
         dcc.Store(id="st-fork"),  # a duplicated tab's old and new id (TAB_CLAIM_JS)
+        dcc.Store(id="st-click"),  # a lone click on the views (assets/page.js)
         dcc.Store(id="st-rendered", data=rendered.rendered),
         dcc.Store(id="st-tune"),
         dcc.Store(id="graph-gate"),

@@ -118,3 +118,83 @@ def test_a_double_click_goes_back_to_the_whole_graph(browser: Any) -> None:
         .perform()
     wait(browser, lambda: detail_ops(browser) == [], "the window cleared")
     assert x_range(browser)[1] > 30
+
+
+def trace_len(driver: Any, k: int) -> int:
+    return driver.execute_script(
+        FIGURE + "var t = gd._fullData[arguments[0]]; return t && t.x ? t.x.length : 0;", k)
+
+
+def edit_message(driver: Any) -> str:
+    return driver.find_element(By.ID, "edit-message").text
+
+
+def op_point_xy(driver: Any, trace: int, k: int) -> tuple[int, int]:
+    """Page offset, from the plot's centre, of point ``k`` of trace ``trace`` (lanes' axes)."""
+    x, y = driver.execute_script(
+        FIGURE + "var L = gd._fullLayout, t = gd._fullData[arguments[0]], k = arguments[1];"
+        "var r = gd.getBoundingClientRect();"
+        "return [L.xaxis._offset + L.xaxis.d2p(t.x[k]) - r.width / 2,"
+        "        L.yaxis._offset + L.yaxis.d2p(t.y[k]) - r.height / 2];", trace, k)
+    return int(x), int(y)
+
+
+def test_a_double_click_or_a_vertical_drag_selects_no_op(browser: Any) -> None:
+    import time
+
+    plot = browser.find_element(By.CSS_SELECTOR, "#studio .js-plotly-plot")
+    drag_lanes(browser, (8.6, 2.3), (14.4, 1.7))
+    wait(browser, lambda: detail_ops(browser) != [], "the window's ops")
+    ops = detail_ops(browser)
+    g, _ = mlp()
+    # a double click on an op resets the zoom and selects nothing
+    k = browser.execute_script(
+        FIGURE + "var t = gd._fullData[arguments[0]], r = gd._fullLayout.xaxis.range;"
+        "var mid = (r[0] + r[1]) / 2, best = 0;"
+        "for (var i = 0; i < t.x.length; i++)"
+        "  if (Math.abs(t.x[i] - mid) < Math.abs(t.x[best] - mid)) best = i;"
+        "return best;", figures.T_DETAIL_OPS)
+    x, y = op_point_xy(browser, figures.T_DETAIL_OPS, k)
+    ActionChains(browser).move_to_element_with_offset(plot, x, y).double_click().perform()
+    wait(browser, lambda: detail_ops(browser) == [], "the window cleared")
+    time.sleep(1.0)  # a click waits out the double click's delay before it selects
+    assert f"selected op {g.ops[ops[k]].name} " not in edit_message(browser)
+    assert "selected op" not in edit_message(browser), edit_message(browser)
+    # a vertical drag from an op towards the middle of the plot zooms and selects nothing
+    x, y = max((op_point_xy(browser, lane, 0) for lane in range(len(figures.CATEGORIES))
+                if trace_len(browser, lane) > 0), key=lambda p: abs(p[1]))
+    assert abs(y) > 30
+    ActionChains(browser).move_to_element_with_offset(plot, x, y).click_and_hold() \
+        .move_by_offset(0, -y // 2).move_by_offset(0, -y // 2).release().perform()
+    time.sleep(1.0)
+    assert "selected op" not in edit_message(browser), edit_message(browser)
+    # a lone click on the same op selects it
+    ActionChains(browser).move_to_element_with_offset(plot, x, y).click().perform()
+    wait(browser, lambda: "selected op" in edit_message(browser), "the op selected")
+
+
+def test_tab_walks_past_the_table_to_undo(browser: Any) -> None:
+    browser.find_element(By.ID, "find").click()
+    seen = []
+    for _ in range(80):
+        ActionChains(browser).send_keys(Keys.TAB).perform()
+        seen.append(browser.execute_script(
+            "var e = document.activeElement; return e.id || e.className || e.tagName;"))
+        if seen[-1] == "undo":
+            break
+    assert seen[-1] == "undo", seen[-12:]
+
+
+def test_the_figure_follows_the_window_width(browser: Any) -> None:
+    def width() -> float:
+        return browser.execute_script(FIGURE + "return gd._fullLayout.width;")
+
+    before = browser.get_window_size()
+    try:
+        browser.set_window_size(1400, 1000)
+        wide = width()
+        wait(browser, lambda: width() == wide, "the figure settled")
+        browser.set_window_size(1000, 1000)
+        wait(browser, lambda: width() < wide - 200, "the figure narrowed with the window")
+    finally:
+        browser.set_window_size(before["width"], before["height"])
