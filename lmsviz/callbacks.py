@@ -82,9 +82,11 @@ def register(app: dash.Dash, state: AppContext) -> None:
         plan, view, history, tab, rendered = args[len(names):]
         session = {"graph": values["st-graph"], "settings": values["st-settings"],
                    "plan": plan, "view": view, "history": history, "tab": tab}
-        trigger = ctx.triggered_id if isinstance(ctx.triggered_id, str) else None
+        fired = [t["prop_id"].split(".")[0] for t in ctx.triggered
+                 if t["prop_id"].split(".")[0] in inputs]
+        trigger = fired[-1] if fired else None
         try:
-            up = edits.control(state, trigger, values, session)
+            up, trigger = edits.control_all(state, fired, values, session)
         except Exception as e:  # noqa: BLE001 - a bug must not leave the page without an answer
             up = edits.refuse(internal_error(trigger or "this action", e))
         return (*_outputs(up, session, trigger), *_render_now(state, up, session, rendered))

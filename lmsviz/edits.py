@@ -661,6 +661,39 @@ def control(app: AppContext, trigger: str | None, values: dict[str, Any],
         return _control(app, trigger, values, session)
 
 
+#: Form fields: when one fires with another action in one request (the field's value is
+#: sent when it loses the focus, to the button clicked), the field goes first.
+FIELDS = ("graph-picker", "graph-gate", "batch", "budget", "workspace", "device", "link",
+          "find")
+
+
+def control_all(app: AppContext, triggers: list[str], values: dict[str, Any],
+                session: dict[str, Any]) -> tuple[Update, str | None]:
+    """Every action of one request, fields first, each on the session the last one left.
+
+    Each goes through :func:`control`; a refusal stops there. Returns the update of them
+    all and the action it answers (the last one done: the message goes next to it). A batch
+    size typed and then "apply knobs" clicked reach the page in one request: with only the
+    first answered, the click was lost without a word.
+    """
+    order = sorted(dict.fromkeys(triggers), key=lambda t: (t not in FIELDS, triggers.index(t)))
+    if len(order) <= 1:
+        trigger = order[0] if order else None
+        return control(app, trigger, values, session), trigger
+    done, trigger = Update(), None
+    for trigger in order:
+        up = control(app, trigger, values, session)
+        done = Update(**{f: getattr(up, f) if getattr(up, f) is not None else getattr(done, f)
+                         for f in ("graph", "settings", "plan", "view", "message", "history")},
+                      error=up.error, controls=done.controls or up.controls)
+        if up.error:
+            break
+        session = {**session, **{f: getattr(up, f) for f in ("graph", "settings", "plan",
+                                                              "view", "history")
+                                 if getattr(up, f) is not None}}
+    return done, trigger
+
+
 def _control(app: AppContext, trigger: str | None, values: dict[str, Any],
              session: dict[str, Any]) -> Update:
     up = _dispatch(app, trigger, values, session)

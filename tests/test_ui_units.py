@@ -1284,3 +1284,19 @@ def test_another_graph_cancels_a_running_tune_and_says_so(tmp_path):
     refused = edits.control(c, "graph-gate", {"graph-gate": gate("x.pb", b"\x07\xff" * 20),
                                               "tune-run": True}, s)
     assert refused.error and "auto-tune" not in refused.message
+
+
+def test_a_field_and_a_click_in_one_request_are_both_done(fresh):
+    """The batch field's value and "apply knobs" arrive together when the click takes the
+    focus from the field: the field first, then the knobs, at the new batch."""
+    s = session(fresh)
+    knobs = {f"knob-{k.replace('sync_mode', 'sync')}": v for k, v in state.DEFAULT_KNOBS.items()}
+    values = {**knobs, "batch": 16}
+    up, answered = edits.control_all(fresh, ["knobs-apply", "batch"], values, s)
+    assert answered == "knobs-apply" and not up.error
+    assert up.settings["batch"] == 16 and up.message.startswith("knobs applied:")
+    alone = edits.control(fresh, "knobs-apply", knobs, {**s, "settings": up.settings})
+    assert up.plan["json"] == alone.plan["json"]  # made at batch 16
+    # a refused field stops there: nothing applied at a batch the user did not get
+    up, answered = edits.control_all(fresh, ["batch", "knobs-apply"], {**values, "batch": 0}, s)
+    assert answered == "batch" and up.error and up.plan is None

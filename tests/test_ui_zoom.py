@@ -198,3 +198,30 @@ def test_the_figure_follows_the_window_width(browser: Any) -> None:
         wait(browser, lambda: width() < wide - 200, "the figure narrowed with the window")
     finally:
         browser.set_window_size(before["width"], before["height"])
+
+
+def test_a_batch_typed_then_apply_knobs_clicked_applies_them(browser: Any) -> None:
+    """The batch field sends its value when it loses the focus, in the same request as the
+    click that took the focus: only the first was answered, and the knobs were not applied
+    (after a graph switch, the batch retyped as it was)."""
+
+    def type_batch(value: str) -> None:
+        field = browser.find_element(By.ID, "batch")
+        field.send_keys(Keys.CONTROL, "a")
+        field.send_keys(Keys.BACKSPACE, value, Keys.ENTER)
+
+    def message() -> str:
+        return browser.find_element(By.ID, "message").text
+
+    wait(browser, lambda: browser.execute_script(FIGURE + "return !!(gd && gd._fullData);"),
+         "the figure")
+    type_batch("16")
+    browser.find_element(By.ID, "graph-picker").click()
+    wait(browser, lambda: [o for o in browser.find_elements(
+        By.CSS_SELECTOR, ".dash-options-list-option") if o.text.startswith("lstm ")],
+        "the lstm sample listed")[0].click()
+    wait(browser, lambda: message().startswith("loaded lstm.pb"), "lstm loaded")
+    type_batch("16")
+    wait(browser, lambda: not message(), "the loaded message cleared")
+    browser.find_element(By.ID, "knobs-apply").click()
+    wait(browser, lambda: message().startswith("knobs applied:"), "the knobs applied")
