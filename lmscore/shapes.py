@@ -993,6 +993,11 @@ def _int_values(
             if _known(in_shape(k)):
                 res[k] = ((len(in_shape(k)),), in_shape(k))
         return res
+    elif t == "Unpack" and v(0) is not None and len(v(0)[0]) == 1 and op.attrs.get(
+            "axis", 0) in (0, -1):
+        # a shape's dimensions one by one (tf.image.extract_patches' gradient builds its
+        # reshapes from them: left unknown, its 1.1 MiB tensors counted 0 bytes)
+        return {k: ((), (x,)) for k, x in enumerate(v(0)[1])}
     elif t == "Size" and ins and _known(in_shape(0)):
         out = ((), (math.prod(in_shape(0)),))
     elif t == "Rank" and ins and in_shape(0) is not None:

@@ -135,3 +135,32 @@ def test_an_svd_gradient_s_shapes_match_tensorflow():
     svd = [sizes.shapes[i] for i, op in enumerate(graph.ops)
            if op.type == "Svd" and op.name.startswith("gradient_tape/")]
     assert svd == [((24,), (64, 24), (24, 24))]
+
+
+def test_an_extract_patches_gradient_s_shapes_match_tensorflow():
+    """The gradient of ``tf.image.extract_patches`` reshapes by a shape's dimensions taken
+    one by one (``Unpack``): left unknown with an unknown batch, five 1.1 MiB tensors
+    counted 0 bytes, and a tuned plan measured 1.0125 of its budget."""
+    import tensorflow as tf
+
+    from lmscore.tfgraph import graphdef_from_concrete_function
+
+    w = tf.Variable(tf.random.normal([144, 8], stddev=0.1, seed=1))
+    v = tf.Variable(tf.ones([16]))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            p = tf.image.extract_patches(x * v, [1, 3, 3, 1], [1, 1, 1, 1], [1, 1, 1, 1],
+                                         "SAME")
+            loss = tf.reduce_sum(tf.tensordot(p, w, 1) ** 2)
+        for var, g in zip((w, v), tape.gradient(loss, [w, v]), strict=True):
+            var.assign_sub(0.01 * g)
+        return loss
+
+    data = graphdef_from_concrete_function(step.get_concrete_function(
+        tf.TensorSpec([None, 12, 12, 16])))
+    graph = lmscore.from_graphdef_bytes(data, source="extract_patches")
+    _compare(graph, data, 8)
+    sizes = resolve(graph, 8)
+    assert sizes.unknown == ()
