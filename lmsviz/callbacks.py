@@ -69,6 +69,7 @@ def register(app: dash.Dash, state: AppContext) -> None:
         Output("graph-picker", "options"), Output("graph-picker", "value"),
         *[Output(c, "value") for c in rendering.CONTROLS],
         Output("hotspots", "active_cell"), Output("hotspots", "selected_cells"),
+        Output("find", "value"),
         *[Output(c, p, allow_duplicate=True) for c, p in RENDERED],
         *[Input(k, prop) for k, prop in inputs.items()],
         *[State(k, prop) for k, prop in fields.items()],
@@ -477,4 +478,6 @@ def _outputs(up: Update, session: dict[str, Any], trigger: str | None = None
         controls = [options, value, *rendering.controls_values(settings)]
     else:
         controls = [no_update] * (2 + len(rendering.CONTROLS))
-    return (*stores, *message_outputs(up, trigger), *controls, None, [])
+    # another graph clears "find": the same name typed again is a new search there
+    find = "" if up.graph is not None else no_update
+    return (*stores, *message_outputs(up, trigger), *controls, None, [], find)

@@ -410,6 +410,8 @@ def find_name(app: AppContext, graph_ref: dict[str, Any], view: dict[str, Any], 
     """Select the op or tensor whose name best matches ``query`` (:func:`lmscore.browse.find`)."""
     from lmscore.browse import find
 
+    if not str(query or "").strip():
+        return Update()  # the field cleared (another graph came)
     try:
         loaded = app.resolve(graph_ref)
     except LmsError as e:

@@ -565,6 +565,8 @@ def zoom(app: AppContext, session: dict[str, Any], relayout: Any, query: Any,
     base = base_of(app, loaded, batch, settings.get("workspace", "accelerator"))
     n_levels = len(base.sim.device_curve)
     patch = dash.Patch()
+    if trigger == "find" and not str(query or "").strip():
+        return no_update, no_update, no_update  # the field cleared (another graph came)
     if trigger == "find":
         matches = find(loaded.graph, str(query or ""), 1)
         if not matches:

@@ -636,7 +636,7 @@ def test_control_dispatches_and_outputs_match_the_callback(ctx):
     up = edits.control(ctx, "batch", {"batch": 8}, s)
     assert up.settings["batch"] == 8
     out = callbacks._outputs(up, s, "batch")
-    assert len(out) == 5 + 4 + 2 + len(rendering.CONTROLS) + 2
+    assert len(out) == 5 + 4 + 2 + len(rendering.CONTROLS) + 2 + 1
     assert edits.control(ctx, "hotspots", {"hotspots": {"row_id": "x:0", "column_id": "tensor"}},
                       s).view["tensor"] == "x:0"
     assert edits.control(ctx, "edit-trigger", {}, s).error

@@ -1,5 +1,6 @@
 """The studio zoomed in, in a real browser: a drag draws the window op by op, a name search
-selects an op and zooms to it, a double click goes back to the whole graph."""
+selects an op and zooms to it, a double click goes back to the whole graph (and selects
+nothing); then the keyboard, the window's width, and fields sent with a click."""
 
 from __future__ import annotations
 
@@ -120,6 +121,17 @@ def test_a_double_click_goes_back_to_the_whole_graph(browser: Any) -> None:
     assert x_range(browser)[1] > 30
 
 
+def pick_sample(driver: Any, name: str) -> None:
+    """Choose a bundled sample in the graph list, as a user does."""
+    driver.find_element(By.ID, "graph-picker").click()
+    option = wait(driver, lambda: [o for o in driver.find_elements(
+        By.CSS_SELECTOR, ".dash-options-list-option") if o.text.startswith(f"{name} ")],
+        f"the {name} sample listed")[0]
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", option)
+    wait(driver, lambda: option.is_displayed(), "the option in view")
+    driver.execute_script("arguments[0].click();", option)
+
+
 def trace_len(driver: Any, k: int) -> int:
     return driver.execute_script(
         FIGURE + "var t = gd._fullData[arguments[0]]; return t && t.x ? t.x.length : 0;", k)
@@ -216,12 +228,34 @@ def test_a_batch_typed_then_apply_knobs_clicked_applies_them(browser: Any) -> No
     wait(browser, lambda: browser.execute_script(FIGURE + "return !!(gd && gd._fullData);"),
          "the figure")
     type_batch("16")
-    browser.find_element(By.ID, "graph-picker").click()
-    wait(browser, lambda: [o for o in browser.find_elements(
-        By.CSS_SELECTOR, ".dash-options-list-option") if o.text.startswith("lstm ")],
-        "the lstm sample listed")[0].click()
+    pick_sample(browser, "lstm")
     wait(browser, lambda: message().startswith("loaded lstm.pb"), "lstm loaded")
     type_batch("16")
     wait(browser, lambda: not message(), "the loaded message cleared")
     browser.find_element(By.ID, "knobs-apply").click()
     wait(browser, lambda: message().startswith("knobs applied:"), "the knobs applied")
+
+
+def test_the_same_name_found_again_on_another_graph(browser: Any) -> None:
+    """"find" sent nothing when the text typed was the one already searched on the graph
+    before: the field is cleared when another graph comes."""
+
+    def message() -> str:
+        return browser.find_element(By.ID, "message").text
+
+    def find(name: str) -> None:
+        field = browser.find_element(By.ID, "find")
+        field.send_keys(Keys.CONTROL, "a")
+        field.send_keys(Keys.BACKSPACE, name, Keys.ENTER)
+
+    wait(browser, lambda: browser.execute_script(FIGURE + "return !!(gd && gd._fullData);"),
+         "the figure")
+    pick_sample(browser, "vgg16")
+    wait(browser, lambda: message().startswith("loaded vgg16.pb"), "vgg16 loaded")
+    find("MatMul")
+    wait(browser, lambda: message().startswith("found "), "found on the first graph")
+    pick_sample(browser, "mlp")
+    wait(browser, lambda: message().startswith("loaded mlp.pb"), "mlp loaded")
+    assert browser.find_element(By.ID, "find").get_attribute("value") == ""
+    find("MatMul")
+    wait(browser, lambda: message().startswith("found "), "found on the second graph")
