@@ -253,7 +253,7 @@ def register_compare(app: dash.Dash, state: AppContext) -> None:
         Input("st-settings", "data"), State("st-graph", "data"),
         State("st-compare-plans", "data"), prevent_initial_call=True,
     )
-    def _keep_plan(_n: Any, plan: Any, gate: Any, _settings: Any, graph: Any, kept: Any
+    def _keep_plan(_n: Any, plan: Any, gate: Any, settings: Any, graph: Any, kept: Any
                    ) -> tuple[Any, ...]:
         fp = str((graph or {}).get("fingerprint", ""))
         if ctx.triggered_id == "st-settings":  # a later success clears a refusal shown here
@@ -265,7 +265,8 @@ def register_compare(app: dash.Dash, state: AppContext) -> None:
                 # the picker gets its options with its value: a value it had no option for
                 # was dropped (the first plan loaded for comparison was never compared)
                 return (kept, pid, compare_panel.options(kept, fp),
-                        f"{name}: {plan_label(loaded)}", "message ok")
+                        f"{name}: {plan_label(loaded, (settings or {}).get('batch'))}",
+                        "message ok")
             source = (plan or {}).get("source")
             if not (plan or {}).get("json") or (ctx.triggered_id == "st-plan"
                                                 and source not in ("file", "saved")):

@@ -515,8 +515,8 @@ def reset_plan(app: AppContext, graph_ref: dict[str, Any]) -> Update:
                   message="plan reset: nothing swapped or recomputed")
 
 
-def load_plan_file(app: AppContext, graph_ref: dict[str, Any], gate: dict[str, Any] | None
-                   ) -> Update:
+def load_plan_file(app: AppContext, graph_ref: dict[str, Any], gate: dict[str, Any] | None,
+                   batch: int | None = None) -> Update:
     """A plan uploaded as JSON, checked against the graph (:func:`lmscore.plan.check_plan`)."""
     try:
         name, data = decode_upload(gate, app.upload_cap_bytes)
@@ -532,8 +532,11 @@ def load_plan_file(app: AppContext, graph_ref: dict[str, Any], gate: dict[str, A
         check_plan(loaded.graph, plan)
     except LmsError as e:
         return refuse(f"plan refused: {e}")
+    made = (plan.params or {}).get("batch_size")
+    other = (f"; made for batch {made}, shown at batch {batch}"
+             if isinstance(made, int) and batch is not None and made != int(batch) else "")
     return Update(plan=_plan_changed(app, loaded, plan, "file"),
-                  message=f"plan loaded from {name}: {plan_counts(plan)}")
+                  message=f"plan loaded from {name}: {plan_counts(plan)}{other}")
 
 
 def accept_tune(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, Any],
@@ -762,7 +765,7 @@ def _dispatch(app: AppContext, trigger: str | None, values: dict[str, Any],
     if trigger == "plan-reset":
         return reset_plan(app, g)
     if trigger == "plan-gate":
-        return load_plan_file(app, g, values.get("plan-gate"))
+        return load_plan_file(app, g, values.get("plan-gate"), s.get("batch"))
     if trigger == "hotspots":
         cell = values.get("hotspots") or {}
         tensor = cell.get("row_id")

@@ -222,18 +222,28 @@ def live_row(base: Base, tensor: str) -> lmscore.LiveTensor | None:
     return row if row is not None and tensor in (row.tensor, row.swap_tensor) else None
 
 
-def plan_label(plan: Plan) -> str:
-    """How many swaps and recomputes a plan makes, for the picker.
+def plan_label(plan: Plan, shown_at: int | None = None) -> str:
+    """How many swaps and recomputes a plan makes and the batch it was made for.
+
+    ``shown_at``: the batch the page shows it at, said when it is another.
 
     >>> plan_label(Plan("f"))
     'nothing swapped or recomputed'
+    >>> plan_label(Plan("f", params={"batch_size": 32}), shown_at=16)
+    'nothing swapped or recomputed, made for batch 32, shown at batch 16'
     """
     parts = []
     if plan.swaps:
         parts.append(f"{len(plan.swaps)} swapped")
     if plan.recomputes:
         parts.append(f"{len(plan.recomputes)} recomputed")
-    return ", ".join(parts) or "nothing swapped or recomputed"
+    text = ", ".join(parts) or "nothing swapped or recomputed"
+    made = (plan.params or {}).get("batch_size")
+    if isinstance(made, int) and made > 0:
+        text += f", made for batch {made}"
+        if shown_at is not None and int(shown_at) != made:
+            text += f", shown at batch {shown_at}"
+    return text
 
 
 def counted(n: int, word: str) -> str:

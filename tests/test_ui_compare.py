@@ -130,8 +130,8 @@ def test_compare_the_current_plan_with_a_saved_one(browser: Any) -> None:
     apply_knobs(browser, 3, 4)
     click(browser, "plan-save")  # the tab keeps it for comparison (and downloads it)
     # said where the user looks, not only in the closed comparison panel
-    wait(browser, lambda: "downloaded mlp.plan.json: 4 swapped; kept for comparison"
-         in text(browser, "message"), "the save's answer")
+    wait(browser, lambda: "downloaded mlp.plan.json: 4 swapped, made for batch 32; kept for "
+         "comparison" in text(browser, "message"), "the save's answer")
     apply_knobs(browser, 1, 5)
     click(browser, "compare-open")
     wait(browser, lambda: [r["plan"] for r in table(browser)] == ["no plan", "current"],

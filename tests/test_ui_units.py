@@ -19,7 +19,17 @@ from lmscore.errors import GraphError
 from lmscore.plan import fingerprint, plan_from_json
 from lmscore.units import format_bytes
 from lmsviz import app as lms_app
-from lmsviz import callbacks, edits, figures, files, rendering, results, state, tuning
+from lmsviz import (
+    callbacks,
+    compare_panel,
+    edits,
+    figures,
+    files,
+    rendering,
+    results,
+    state,
+    tuning,
+)
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MIB = 2**20
@@ -1300,3 +1310,19 @@ def test_a_field_and_a_click_in_one_request_are_both_done(fresh):
     # a refused field stops there: nothing applied at a batch the user did not get
     up, answered = edits.control_all(fresh, ["batch", "knobs-apply"], {**values, "batch": 0}, s)
     assert answered == "batch" and up.error and up.plan is None
+
+
+def test_a_plan_made_for_another_batch_says_so(fresh):
+    """A knob plan saved at batch 32 and loaded at batch 16 was shown at 16 without a word,
+    and the comparison's list could not tell it from the same plan made at 16."""
+    s = session(fresh)
+    knobs = {f"knob-{k.replace('sync_mode', 'sync')}": v for k, v in state.DEFAULT_KNOBS.items()}
+    at32 = edits.control(fresh, "knobs-apply", knobs,
+                         {**s, "settings": {**s["settings"], "batch": 32}})
+    plan = plan_from_json(at32.plan["json"])
+    assert plan.params["batch_size"] == 32
+    up = edits.load_plan_file(fresh, s["graph"], gate("p.json", at32.plan["json"].encode()), 16)
+    assert not up.error and up.message.endswith("; made for batch 32, shown at batch 16")
+    same = edits.load_plan_file(fresh, s["graph"], gate("p.json", at32.plan["json"].encode()), 32)
+    assert "made for" not in same.message
+    assert compare_panel.next_name([], "saved", plan).endswith(", made for batch 32")
