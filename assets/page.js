@@ -35,6 +35,32 @@
     }
   }, true);
 
+  // An action the server did not answer said so on the page (Dash writes it only to the
+  // browser's console); the next answer clears it.
+  var OFFLINE = "the server did not answer, so your last action was not done: " +
+    "start lms serve again (with the same --data-dir) and repeat it; this page keeps its state";
+  function offline(text) {
+    var el = document.getElementById("offline");
+    if (!el) return;
+    el.textContent = text || "";
+    el.hidden = !text;
+  }
+  var fetch0 = window.fetch;
+  window.fetch = function (resource, init) {
+    var url = typeof resource === "string" ? resource : (resource && resource.url) || "";
+    var update = url.indexOf("_dash-update-component") >= 0;
+    return fetch0.apply(this, arguments).then(function (response) {
+      if (update) {
+        offline(response.ok || response.status === 204 ? "" :
+          "the server answered HTTP " + response.status + ": your last action was not done");
+      }
+      return response;
+    }, function (error) {
+      if (update) offline(OFFLINE);
+      throw error;
+    });
+  };
+
   // The figures take the window's width when it changes (their height is their own).
   var resizing = null;
   window.addEventListener("resize", function () {

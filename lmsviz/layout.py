@@ -290,6 +290,8 @@ def build(app: AppContext, session: dict[str, Any], rendered: Any,
         ]),
         controls(session, picker),
         html.Div(id="message", className="message", role="status"),
+        # set by assets/page.js when the server does not answer an action
+        html.Div(id="offline", className="offline", role="alert", hidden=True),
         html.Div(rendered.summary, id="summary", className="summary"),
         compare_section(),
         views(rendered),

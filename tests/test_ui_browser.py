@@ -563,7 +563,14 @@ def test_the_server_killed_mid_edit_comes_back_with_the_edits(browser: Any, app_
     swapped = apply_knobs(browser, 3, 7)
     after = text(browser, "sum-after")
     app_server.kill()  # SIGKILL right after the edit
+    # an action while the server is down says so (it went to the browser's console only)
+    browser.find_element(By.ID, "undo").click()
+    banner = browser.find_element(By.ID, "offline")
+    wait(browser, lambda: banner.is_displayed() and "the server did not answer" in banner.text,
+         msg="the server's silence said")
     app_server.start()
+    browser.find_element(By.ID, "knobs-apply").click()  # answered again: the line goes
+    wait(browser, lambda: not banner.is_displayed(), msg="the line cleared")
     browser.refresh()
     wait(browser, lambda: "lstm.pb" in text(browser, "sum-graph")
          and "batch 8" in text(browser, "sum-graph"), msg="graph back after the restart")
