@@ -61,6 +61,42 @@
     });
   };
 
+  // Names for a screen reader where Dash's components give none: the file inputs (all
+  // "Choose File"), the table's pager and filter row, the groupby field.
+  var NAMES = {
+    "#graph-upload input[type=file]": "upload a graph (.pb, .pbtxt or a zipped SavedModel)",
+    "#plan-upload input[type=file]": "load a plan (.json)",
+    "#compare-upload input[type=file]": "load a plan to compare (.json)",
+    "#edit-groupby": "levels per swap-in group, for regroup by levels",
+    "#hotspots button.first-page": "first page of the table",
+    "#hotspots button.previous-page": "previous page of the table",
+    "#hotspots button.next-page": "next page of the table",
+    "#hotspots button.last-page": "last page of the table",
+  };
+  function name() {
+    Object.keys(NAMES).forEach(function (sel) {
+      document.querySelectorAll(sel).forEach(function (el) {
+        if (el.getAttribute("aria-label") !== NAMES[sel]) el.setAttribute("aria-label", NAMES[sel]);
+      });
+    });
+    document.querySelectorAll("#hotspots th.dash-filter").forEach(function (th) {
+      var id = th.getAttribute("data-dash-column") || "";
+      var head = id && document.querySelector(
+        '#hotspots th.dash-header[data-dash-column="' + id + '"]');
+      var col = (head && head.textContent.trim()) || id;
+      th.querySelectorAll("input").forEach(function (el) {
+        var label = (el.type === "button" ? "case-sensitive filter of " : "filter ") + col;
+        if (col && el.getAttribute("aria-label") !== label) el.setAttribute("aria-label", label);
+      });
+    });
+  }
+  var naming = false;
+  new MutationObserver(function () {
+    if (naming) return;
+    naming = true;
+    requestAnimationFrame(function () { naming = false; name(); });
+  }).observe(document.documentElement, {childList: true, subtree: true});
+
   // The figures take the window's width when it changes (their height is their own).
   var resizing = null;
   window.addEventListener("resize", function () {

@@ -129,7 +129,7 @@ def controls(session: dict[str, Any], picker: tuple[list[dict[str, str]], str]) 
             html.Button("cancel", id="tune-cancel", disabled=True),
             html.Progress(id="tune-progress", value="0", max="100",
                           style={"visibility": "hidden"}),
-            html.Span(id="tune-status", className="status"),
+            html.Span(id="tune-status", className="status", role="status"),
         ], className="row"),
         html.Div([
             html.Span("plan", className="label"),
@@ -259,7 +259,7 @@ def compare_section() -> html.Div:
                 html.Button("cancel", id="batch-cancel", disabled=True),
                 html.Progress(id="batch-progress", value="0", max="100",
                               style={"visibility": "hidden"}),
-                html.Span(id="batch-status", className="status"),
+                html.Span(id="batch-status", className="status", role="status"),
             ], className="row"),
             html.Div(id="batch-note", className="note"),
             dcc.Graph(id="batch-figure", config=GRAPH_CONFIG, style=hidden),

@@ -259,3 +259,26 @@ def test_the_same_name_found_again_on_another_graph(browser: Any) -> None:
     assert browser.find_element(By.ID, "find").get_attribute("value") == ""
     find("MatMul")
     wait(browser, lambda: message().startswith("found "), "found on the second graph")
+
+
+def test_every_control_has_a_name_for_a_screen_reader(browser: Any) -> None:
+    """Both file inputs read "Choose File"; the table's pager, its filter row (twelve
+    "filter data..." and twelve "Aa") and the groupby field had no name of their own."""
+    wait(browser, lambda: browser.execute_script(FIGURE + "return !!(gd && gd._fullData);"),
+         "the figure")
+    pick_sample(browser, "resnet50")  # its table has pages
+    wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, "#hotspots button.next-page"),
+         "the pager", timeout=60)
+
+    def controls() -> list[tuple[str, str]]:
+        nodes = browser.execute_cdp_cmd("Accessibility.getFullAXTree", {})["nodes"]
+        return [(n.get("role", {}).get("value", ""), n.get("name", {}).get("value", ""))
+                for n in nodes if not n.get("ignored") and n.get("role", {}).get("value")
+                in ("button", "textbox", "combobox", "checkbox", "spinbutton", "searchbox")]
+
+    wait(browser, lambda: all(name.strip() for _, name in controls()),
+         "every control named", timeout=10)
+    names = [name for _, name in controls()]
+    assert "Choose File" not in names
+    filters = [n for n in names if n.startswith("filter ")]
+    assert len(filters) == len(set(filters)) >= 10, filters
