@@ -47,7 +47,7 @@ def register(app: dash.Dash, state: AppContext) -> None:
         "plan-reset": "n_clicks",
         "plan-gate": "data", "hotspots": "active_cell", "st-click": "data",
         "edit-trigger": "n_clicks", "edit-sync": "n_clicks", "edit-regroup": "n_clicks",
-        "edit-swap-op": "n_clicks", "tune-cancel": "n_clicks",
+        "edit-swap-op": "n_clicks", "edit-recompute-op": "n_clicks", "tune-cancel": "n_clicks",
         "edit-onegroup": "n_clicks", "undo": "n_clicks", "redo": "n_clicks",
         "st-tune": "data", "st-graph": "data", "st-settings": "data", "find": "value",
     }
@@ -406,7 +406,8 @@ def internal_error(action: str, exc: BaseException) -> str:
 #: to the table and the swap editor (edits of the plan, clicks on the views).
 MESSAGES = ("message", "edit-message")
 #: Actions answered next to the table and the swap editor.
-EDIT_ACTIONS = frozenset({"hotspots", "st-click", "edit-trigger", "edit-swap-op", "edit-sync",
+EDIT_ACTIONS = frozenset({"hotspots", "st-click", "edit-trigger", "edit-swap-op",
+                          "edit-recompute-op", "edit-sync",
                           "edit-regroup", "edit-onegroup", "undo", "redo"})
 
 

@@ -735,7 +735,8 @@ def _control(app: AppContext, trigger: str | None, values: dict[str, Any],
 USER_ACTIONS = frozenset({
     "graph-picker", "graph-gate", "batch", "budget", "workspace", "device", "link",
     "knobs-apply", "plan-reset", "plan-gate", "hotspots", "st-click", "edit-trigger",
-    "edit-swap-op", "edit-sync", "edit-regroup", "edit-onegroup", "undo", "redo",
+    "edit-swap-op", "edit-recompute-op", "edit-sync", "edit-regroup", "edit-onegroup", "undo",
+    "redo",
     "tune-cancel", "st-tune",
 })
 
@@ -785,15 +786,18 @@ def _dispatch(app: AppContext, trigger: str | None, values: dict[str, Any],
         if v.get("op") is None:
             return refuse("click an op in the ordering view first: it becomes the trigger")
         return set_trigger(app, g, p, v.get("tensor"), values.get("edit-group"), v.get("op"))
-    if trigger == "edit-swap-op":
+    if trigger in ("edit-swap-op", "edit-recompute-op"):
         op = v.get("op")
+        verb = "swapped" if trigger == "edit-swap-op" else "recomputed"
         if op is None:
-            return refuse("click an op in the ordering view first: its output is swapped")
+            return refuse("click an op in the ordering view (or find it by name) first: "
+                          f"its output is {verb}")
         try:
             name = app.resolve(g).graph.ops[int(op)].name
         except (LmsError, IndexError, ValueError) as e:
             return refuse(str(e))
-        return toggle_swap(app, g, s, p, v, f"{name}:0")
+        toggle = toggle_swap if trigger == "edit-swap-op" else toggle_recompute
+        return toggle(app, g, s, p, v, f"{name}:0")
     if trigger == "edit-sync":
         return set_trigger(app, g, p, v.get("tensor"), values.get("edit-group"), None)
     if trigger == "edit-regroup":

@@ -209,7 +209,10 @@ def views(rendered: Any) -> html.Div:
                 ], className="row"),
                 html.Div([
                     html.Button("swap / unswap selected op's output", id="edit-swap-op",
-                                title="click an op in the ordering view first"),
+                                title="click an op in the ordering view (or find it) first"),
+                    html.Button("recompute / keep selected op's output",
+                                id="edit-recompute-op",
+                                title="click an op in the ordering view (or find it) first"),
                 ], className="row"),
                 html.Div([
                     dcc.Input(id="edit-groupby", type="text", inputMode="numeric", value=5,

@@ -282,3 +282,26 @@ def test_every_control_has_a_name_for_a_screen_reader(browser: Any) -> None:
     assert "Choose File" not in names
     filters = [n for n in names if n.startswith("filter ")]
     assert len(filters) == len(set(filters)) >= 10, filters
+
+
+def test_recompute_and_swap_from_the_keyboard(browser: Any) -> None:
+    """The table's toggles are cells a keyboard cannot press: an op found by name has its
+    output recomputed, then swapped, by keys alone."""
+    wait(browser, lambda: browser.execute_script(FIGURE + "return !!(gd && gd._fullData);"),
+         "the figure")
+    if "mlp.pb" not in browser.find_element(By.ID, "sum-graph").text:
+        pick_sample(browser, "mlp")
+    wait(browser, lambda: "mlp.pb" in browser.find_element(By.ID, "sum-graph").text, "mlp")
+
+    def edit_said(*words: str) -> bool:
+        return all(w in edit_message(browser) for w in words)
+
+    field = browser.find_element(By.ID, "find")
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys(Keys.BACKSPACE, "mlp_1/dense_1/Relu", Keys.ENTER)
+    wait(browser, lambda: "found mlp_1/dense_1/Relu " in browser.find_element(
+        By.ID, "message").text, "the op found")
+    browser.find_element(By.ID, "edit-recompute-op").send_keys(Keys.ENTER)
+    wait(browser, lambda: edit_said("mlp_1/dense_1/Relu:0 recomputed"), "recomputed")
+    browser.find_element(By.ID, "edit-swap-op").send_keys(Keys.SPACE)
+    wait(browser, lambda: edit_said("mlp_1/dense_1/Relu:0 swapped"), "swapped instead")
