@@ -1264,6 +1264,28 @@ def limit_note(p: BatchPlot) -> str:
     }.get(p.next_limited_by, "auto-tune finds a plan that fits it")
 
 
+def batch_ticks(lo: int, hi: int) -> dict[str, Any]:
+    """Ticks of a log batch axis at the powers of two from ``lo`` to ``hi``, as integers.
+
+    Plotly's own log ticks read "8 9 | 1 | 2 3 ... | 10 | 2 3": 20-70 labelled as 2-7, and
+    0.8 and 0.9, batches that do not exist.
+
+    >>> batch_ticks(3, 40)["ticktext"]
+    ['2', '4', '8', '16', '32', '64']
+    >>> batch_ticks(1, 5000)["ticktext"][-2:]
+    ['4,096', '8,192']
+    >>> batch_ticks(1, 65536)["ticktext"][-2:]
+    ['16,384', '65,536']
+    """
+    first = 1 << max(0, int(lo).bit_length() - 1)
+    vals = [first]
+    while vals[-1] < hi:
+        vals.append(vals[-1] * 2)
+    if len(vals) > 14:  # every other power on a wide range
+        vals = vals[::2]
+    return {"tickmode": "array", "tickvals": vals, "ticktext": [f"{v:,}" for v in vals]}
+
+
 def batch_figure(p: BatchPlot) -> go.Figure:
     """Peak device memory (and predicted step time) against the batch size.
 
@@ -1328,7 +1350,8 @@ def batch_figure(p: BatchPlot) -> go.Figure:
         height=420 if host_row else 320, margin={"l": 70, "r": 60, "t": 10, "b": 40},
         plot_bgcolor="#ffffff", hovermode="closest",
         legend={"orientation": "h", "y": -0.2, "x": 0},
-        xaxis={"type": "log", "title": {"text": "batch size"}, "gridcolor": "#f1f5f9"},
+        xaxis={"type": "log", "title": {"text": "batch size"}, "gridcolor": "#f1f5f9",
+               **batch_ticks(lo_b, hi_b)},
         yaxis={"tickvals": vals, "ticktext": text, "tickmode": "array",
                "range": [0, ymax], "gridcolor": "#e5e7eb",
                "title": {"text": "peak device memory"}, "rangemode": "nonnegative"},
@@ -1353,6 +1376,9 @@ def batch_figure(p: BatchPlot) -> go.Figure:
         hvals, htext = memory_ticks(htop, 3)
         fig.update_layout(
             yaxis={"domain": [0.36, 1]}, yaxis2={"domain": [0.36, 1]},
+            # the batch axis under the lower row: under the upper one, its title sat on
+            # the host row's limit line
+            xaxis={"anchor": "y3"},
             yaxis3={"domain": [0, 0.26], "anchor": "x", "range": [0, htop],
                     "tickvals": hvals, "ticktext": htext, "tickmode": "array",
                     "gridcolor": "#e5e7eb", "title": {"text": "host memory"}},

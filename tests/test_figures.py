@@ -275,3 +275,16 @@ def test_figures_are_what_plotly_would_check_them_to_be(monkeypatch):
     assert _every_figure() == fast
     with pytest.raises(ValueError):
         figures._scatter(x=[1], colour="red")
+
+
+def test_the_batch_axis_reads_whole_batches_under_the_lowest_row():
+    """Plotly's log ticks read "8 9 | 1 | 2 3 ... | 10 | 2 3" (20-70 labelled 2-7, and
+    0.8, 0.9), and with a host row the axis title sat on the host limit line."""
+    b = [1, 2, 4, 8, 16, 32, 46]
+    plot = figures.BatchPlot(b, [k * GIB for k in b], [0.01 * k for k in b], 40 * GIB, 32,
+                             plan_peak_bytes=[k * GIB // 2 for k in b], max_with_plan=46,
+                             plan_host_bytes=[k * GIB for k in b], host_bytes=128 * GIB)
+    x = figures.batch_figure(plot).layout.xaxis
+    assert list(x.tickvals) == [1, 2, 4, 8, 16, 32, 64]
+    assert list(x.ticktext) == ["1", "2", "4", "8", "16", "32", "64"]
+    assert x.anchor == "y3"
