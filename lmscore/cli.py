@@ -849,7 +849,7 @@ def _at_most_line(tensors: Sequence[str], consequence: str) -> str:
 def _cmd_tune(args: argparse.Namespace) -> int:
     from .plan import save_plan
     from .rewrite import rewrite
-    from .tune import bound_batch, max_batch, tune
+    from .tune import bound_batch, bound_words, max_batch, tune
 
     budget = args.budget
     graph, batch = _load(args)
@@ -935,7 +935,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if args.max_batch:
         print(f"  largest batch: {report['max_batch_without']} without rewriting, "
               f"{report['max_batch_with']} with the tuned rewrite; no plan goes past "
-              f"{report['max_batch_bound']} (op {report['max_batch_bound_op']!r} alone)")
+              f"{report['max_batch_bound']} ({bound_words(report['max_batch_bound_op'])})")
         if report["max_batch_limited_by"] == "host":
             print(f"  host memory stops batch {report['max_batch_with'] + 1}: its plan fits "
                   "the device but not the host memory limit (--host-memory)")

@@ -1116,6 +1116,17 @@ def _lower_bound(graph: Graph, base: Simulation) -> tuple[int, str]:
     return min(best + base.persistent_bytes + base.input_bytes, base.worst_peak_bytes), name
 
 
+def bound_words(op: str) -> str:
+    """What stops every plan at the one-op bound, in words.
+
+    >>> bound_words("conv")
+    "op 'conv' alone"
+    >>> bound_words("")
+    "the step's inputs and persistent memory alone"
+    """
+    return f"op {op!r} alone" if op else "the step's inputs and persistent memory alone"
+
+
 #: Why no plan was made, by the search that found none.
 _NO_PLAN = {
     "milp": ("does not fit: even every {options} considered at once leaves some "

@@ -25,6 +25,7 @@ from lmscore.compare import BatchSweep, PlanSummary, batch_sweep, compare_plans
 from lmscore.errors import ConfigError, LmsError, PlanError
 from lmscore.memory import host_memory_limit
 from lmscore.plan import Plan, check_plan, empty_plan, plan_from_json
+from lmscore.tune import bound_words
 from lmscore.units import format_bytes, parse_bytes
 
 from . import figures
@@ -233,8 +234,8 @@ def batch_view(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, A
     if sw.plan_peak_bytes is not None:
         lines.append(f"with the current plan: {sw.max_with_plan} (of the batches drawn)")
     if sw.bound:
-        lines.append(f"no plan fits beyond batch {sw.bound} ({sw.bound_op} alone fills the "
-                     "device)")
+        lines.append(f"no plan fits beyond batch {sw.bound} ({bound_words(sw.bound_op)} "
+                     "would fill the device)")
     note = figures.limit_note(plot)
     if note:
         lines.append(note)
