@@ -684,8 +684,10 @@ def _validate_plan(args: argparse.Namespace, graph: Any, batch: int) -> int:
     same = "bit-identical" if v.max_abs_diff == 0 else f"max |diff| {v.max_abs_diff:.3g}"
     print(f"  losses and variables after {len(v.losses['original'])} steps: {same}")
     if not math.isnan(v.max_abs_diff_grappler):
+        own = ("" if math.isnan(v.grappler_own_diff) else
+               f" (Grappler alone moves the original step by {v.grappler_own_diff:.3g})")
         print("  under default Grappler (as lmscore.swap runs it): max |diff| "
-              f"{v.max_abs_diff_grappler:.3g}")
+              f"{v.max_abs_diff_grappler:.3g}{own}")
     if v.diverged:
         print(f"  the loss diverged on the synthetic data: {v.divergence}")
     return 0

@@ -244,6 +244,10 @@ class PlanValidation:
         arithmetic, which an edge of the rewrite can change.
     losses_grappler : dict
         ``{"original": [...], "rewritten": [...]}`` under default Grappler.
+    grappler_own_diff : float
+        The original step with Grappler against without it (NaN when not measured): how
+        far Grappler's own rewrites move the numbers, the yardstick of
+        :attr:`max_abs_diff_grappler` (a chaotic model, a SIREN, moves by 0.4 in 3 steps).
     divergence : str
         Empty when the losses of the original step behave; otherwise why they do not
         (non-finite values, or the loss growing by orders of magnitude over the steps, see
@@ -280,6 +284,7 @@ class PlanValidation:
     timeline: Timeline | None = None
     max_abs_diff_grappler: float = float("nan")
     losses_grappler: dict[str, list[float]] | None = None
+    grappler_own_diff: float = float("nan")
     divergence: str = ""
     replayed_runs: tuple[int, ...] = ()
     replayed_original_bytes: int = 0
@@ -309,7 +314,7 @@ class PlanValidation:
         d = asdict(self)
         d["diverged"] = self.diverged
         d["within_tuned_device"] = self.within_tuned_device
-        for key in ("saving_ratio", "host_ratio", "max_abs_diff_grappler"):
+        for key in ("saving_ratio", "host_ratio", "max_abs_diff_grappler", "grappler_own_diff"):
             if math.isnan(d[key]):
                 d[key] = None
         d["rewritten_runs"] = list(self.rewritten_runs)
@@ -496,7 +501,7 @@ def validate_plan(
     }
     simulated = {"original": sim0.peak_bytes, "rewritten": sim1.peak_bytes}
     host = int(m1.peak_bytes.get("CPU:1", 0))
-    diff_grappler, losses_grappler = float("nan"), None
+    diff_grappler, losses_grappler, own = float("nan"), None, float("nan")
     if grappler:
         report((1 + runs) / total, "both steps again under default Grappler")
         g0, g1 = (
@@ -505,6 +510,7 @@ def validate_plan(
             for data in (graph.graphdef, exported)
         )
         diff_grappler = max_abs_diff(g0, g1)
+        own = max_abs_diff(m0, g0)
         losses_grappler = {"original": list(g0.losses), "rewritten": list(g1.losses)}
     sim_saving = simulated["original"] - simulated["rewritten"]
     meas_saving = measured["original"] - measured["rewritten"]
@@ -525,7 +531,7 @@ def validate_plan(
         rewritten_runs=tuple(peaks),
         timeline=compare(rw.graph, sim1, m1, dev),
         max_abs_diff_grappler=diff_grappler,
-        losses_grappler=losses_grappler,
+        losses_grappler=losses_grappler, grappler_own_diff=own,
         divergence=divergence(m0.losses, m0.finite),
         replayed_runs=replayed_runs,
         replayed_original_bytes=replayed_original,

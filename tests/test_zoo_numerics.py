@@ -75,8 +75,11 @@ def test_validate_plan_reports_grappler_numerics_and_no_divergence():
     assert v.max_abs_diff == 0.0 and v.max_abs_diff_grappler == 0.0
     assert v.losses_grappler is not None and len(v.losses_grappler["rewritten"]) == 3
     assert not v.diverged and v.divergence == ""
+    # Grappler's own effect on the original, the yardstick of the difference above
+    assert 0.0 <= v.grappler_own_diff < 1e-3
     d = v.as_dict()
     assert d["max_abs_diff_grappler"] == 0.0 and d["diverged"] is False
+    assert d["grappler_own_diff"] == v.grappler_own_diff
 
 
 def test_divergence_is_named():
