@@ -33,7 +33,7 @@ from lmscore.units import parse_bytes
 
 from . import figures, rendering
 from .files import decode_upload
-from .results import base_of, counted, live_row, plan_digest, plan_of
+from .results import base_of, counted, live_row, made_for, plan_digest, plan_of
 from .state import (
     AppContext,
     LoadedGraph,
@@ -532,11 +532,10 @@ def load_plan_file(app: AppContext, graph_ref: dict[str, Any], gate: dict[str, A
         check_plan(loaded.graph, plan)
     except LmsError as e:
         return refuse(f"plan refused: {e}")
-    made = (plan.params or {}).get("batch_size")
-    other = (f"; made for batch {made}, shown at batch {batch}"
-             if isinstance(made, int) and batch is not None and made != int(batch) else "")
+    other = made_for(plan, batch, only_other=True)
     return Update(plan=_plan_changed(app, loaded, plan, "file"),
-                  message=f"plan loaded from {name}: {plan_counts(plan)}{other}")
+                  message=f"plan loaded from {name}: {plan_counts(plan)}"
+                          + (f"; {other}" if other else ""))
 
 
 def accept_tune(app: AppContext, graph_ref: dict[str, Any], settings: dict[str, Any],

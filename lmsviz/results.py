@@ -238,12 +238,27 @@ def plan_label(plan: Plan, shown_at: int | None = None) -> str:
     if plan.recomputes:
         parts.append(f"{len(plan.recomputes)} recomputed")
     text = ", ".join(parts) or "nothing swapped or recomputed"
+    made = made_for(plan, shown_at)
+    return f"{text}, {made}" if made else text
+
+
+def made_for(plan: Plan, shown_at: int | None = None, only_other: bool = False) -> str:
+    """The batch a plan was made for, and the one it is shown at when another.
+
+    ``only_other``: nothing when it is shown at the batch it was made for.
+
+    >>> made_for(Plan("f", params={"batch_size": 32}), 32, only_other=True)
+    ''
+    >>> made_for(Plan("f", params={"batch_size": 32}), 16, only_other=True)
+    'made for batch 32, shown at batch 16'
+    """
     made = (plan.params or {}).get("batch_size")
-    if isinstance(made, int) and made > 0:
-        text += f", made for batch {made}"
-        if shown_at is not None and int(shown_at) != made:
-            text += f", shown at batch {shown_at}"
-    return text
+    if not isinstance(made, int) or made <= 0:
+        return ""
+    other = shown_at is not None and int(shown_at) != made
+    if only_other and not other:
+        return ""
+    return f"made for batch {made}" + (f", shown at batch {shown_at}" if other else "")
 
 
 def counted(n: int, word: str) -> str:
