@@ -3,8 +3,9 @@
   "use strict";
   // Plotly reports a click for each press of a double click, and for a vertical drag on
   // the ordering view (its y axes are fixed, so nothing zooms). Only a lone click that did
-  // not move selects an op: presses are recorded here, and the click waits for the double
-  // click delay before it is passed on.
+  // not move selects an op: presses are recorded here, and a click on the ops waits for
+  // the double click delay before it is passed on (a click on the memory curves, which
+  // selects a level, does not wait).
   var DOUBLE_MS = 300, MOVE_PX = 5;
   var presses = [];
   var pressedAt = null;
@@ -115,6 +116,11 @@
         var nothing = window.dash_clientside.no_update;
         var press = pressedAt;
         if (!click || !press) return nothing;
+        // a level clicked on the memory curves (the lower axes) selects no op: at once
+        var gd = document.querySelector("#studio .js-plotly-plot");
+        var point = click.points && click.points[0];
+        var trace = gd && gd._fullData && point && gd._fullData[point.curveNumber];
+        if (trace && trace.yaxis === "y2") return press.moved ? nothing : click;
         return new Promise(function (resolve) {
           setTimeout(function () {
             resolve(loneClick(press) ? click : nothing);

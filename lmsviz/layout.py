@@ -154,7 +154,7 @@ def views(rendered: Any) -> html.Div:
     return html.Div([
         html.Div(rendered.note, id="ordering-note", className="note"),
         html.Div([
-            dcc.Input(id="find", type="text", debounce=True, className="text",
+            dcc.Input(id="find", type="text", debounce=True, className="text find",
                       placeholder="find op or tensor (Enter)"),
             html.Span(id="window-note", className="note"),
         ], className="row"),

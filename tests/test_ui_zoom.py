@@ -305,3 +305,14 @@ def test_recompute_and_swap_from_the_keyboard(browser: Any) -> None:
     wait(browser, lambda: edit_said("mlp_1/dense_1/Relu:0 recomputed"), "recomputed")
     browser.find_element(By.ID, "edit-swap-op").send_keys(Keys.SPACE)
     wait(browser, lambda: edit_said("mlp_1/dense_1/Relu:0 swapped"), "swapped instead")
+
+
+def test_the_find_field_shows_its_whole_hint(browser: Any) -> None:
+    """The field's box was 100 px (Dash's input wrapper), its hint cut to "find op or ter"."""
+    hint, room = browser.execute_script(
+        "var e = document.getElementById('find'), s = getComputedStyle(e);"
+        "var c = document.createElement('canvas').getContext('2d');"
+        "c.font = s.fontStyle + ' ' + s.fontWeight + ' ' + s.fontSize + ' ' + s.fontFamily;"
+        "return [c.measureText(e.placeholder).width, e.clientWidth"
+        " - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight)];")
+    assert hint <= room, (hint, room)
