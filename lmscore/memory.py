@@ -63,6 +63,7 @@ from .shapes import (
     duplicated,
     function_body,
     loop_body,
+    loop_seeds,
     optional_aliases,
     resolve,
     resolve_function,
@@ -1076,14 +1077,24 @@ def _view_of(graph: Graph, sizes: Sizes, i: int, port: int) -> tuple[int, int] |
         # rows of an aligned tensor unstacked along its first axis share its buffer
         # (``UnpackOp``: "Aligned, so we can share the underlying buffer")
         src = sizes.shapes[ins[0][0]][ins[0][1]]
-        if src and -1 not in src and len(src) >= 2 and _aligned_rows(sizes, ins[0], src):
+        if src and -1 not in src and len(src) >= 2 and _aligned_rows(sizes, ins[0], src,
+                                                                      graph):
             return ins[0]
     return None
 
 
-def _aligned_rows(sizes: Sizes, tensor: tuple[int, int], shape: tuple[int, ...]) -> bool:
-    """Whether each row (first-axis index) of a tensor starts at an aligned address."""
+def _aligned_rows(sizes: Sizes, tensor: tuple[int, int], shape: tuple[int, ...],
+                  graph: Graph | None = None) -> bool:
+    """Whether each row (first-axis index) of a tensor starts at an aligned address.
+
+    With ``graph``, a tensor counted 0 bytes here (a loop body's argument, which the loop
+    holds) is sized from its shape and dtype: a body's slice of a whole batch,
+    ``x[i * m:(i + 1) * m]``, is a view of it.
+    """
     nbytes = sizes.nbytes[tensor[0]][tensor[1]]
+    if nbytes <= 0 and graph is not None:
+        size = dtype_bytes(graph.ops[tensor[0]].outputs[tensor[1]].dtype)
+        nbytes = math.prod(shape) * size if size else 0
     return shape[0] > 0 and nbytes > 0 and (nbytes // shape[0]) % _SPLIT_ALIGN == 0
 
 
@@ -1098,7 +1109,7 @@ def _dim0_slice(graph: Graph, sizes: Sizes, i: int, src: tuple[int, ...],
     peak with Eigen, whose ``MaxPoolGrad`` writes into such a frame).
     """
     op = graph.ops[i]
-    if len(src) < 2 or not _aligned_rows(sizes, graph.adjacency.data_in[i][0], src):
+    if len(src) < 2 or not _aligned_rows(sizes, graph.adjacency.data_in[i][0], src, graph):
         return False
     if op.type == "StridedSlice":
         strides = sizes.values.get(graph.adjacency.data_in[i][3]) if len(
@@ -1359,7 +1370,8 @@ def _loop_effects(
                 if b is not None and b.producer == i and b.first == p:
                     filled += b.bytes
         arrivals = tuple(pos[s] for s, _ in ins[: len(body.kinds)])
-        cost = _body_cost(body, sizes.batch_size, workspace, depth, arrivals)
+        cost = _body_cost(body, sizes.batch_size, workspace, depth, arrivals,
+                          loop_seeds(graph, i, body, sizes.values.get))
         # A lowered loop's Enter nodes all wait for its control inputs (TensorFlow's
         # lowering gives them one NoOp of those): no part of it runs ahead of them (a
         # pinned plan chains the loop right after the op before it)
@@ -1422,6 +1434,9 @@ def _loop_effects(
             # executor's threads (a GPU's only enqueue them: each accumulator takes its
             # partial in as soon as both are enqueued; not measured on a GPU)
             race[p] = race.get(p, 0) + (limit - 1) * cost.partials
+        if cost.overlap and limit > 1 and workspace in RELEASE_RACE_LIBRARIES:
+            # the next iteration's early part beside this one's, on the executor's threads
+            race[p] = race.get(p, 0) + cost.overlap
         if cost.peak > 0:
             extra.append(Buffer(
                 f"{op.name}/body", cost.peak, lvl, lvl, i, (), scratch=True, first=p, last=p
@@ -1517,23 +1532,26 @@ _RETURN = "_LmsReturn"
 
 
 def _simulate_function(g: Graph, held: frozenset[int], batch_size: int, workspace: str,
-                       depth: int, given: Mapping[int, int] | None = None
+                       depth: int, given: Mapping[int, int] | None = None,
+                       seeds: tuple[tuple[str, tuple[int, ...]], ...] = ()
                        ) -> Simulation | None:
     """Simulation of a function body whose arguments (``_LoopArg`` ops) are counted outside.
 
     Shapes as if the arguments were feeds (their batch dimension is the batch); simulated
     as transient buffers of 0 bytes (or of the bytes ``given`` for them), so that kernels
     may write into them (a loop variable nobody else holds), except those in ``held``:
-    fed, as buffers the caller still holds. None when the body cannot be resolved or
+    fed, as buffers the caller still holds. ``seeds``: the arguments' known integer
+    values (:func:`lmscore.shapes.loop_seeds`). None when the body cannot be resolved or
     simulated.
     """
     return _function_simulation(g, held, batch_size, workspace, depth,
-                                tuple(sorted((given or {}).items())))
+                                tuple(sorted((given or {}).items())), seeds)
 
 
 @functools.lru_cache(maxsize=256)
 def _function_simulation(g: Graph, held: frozenset[int], batch_size: int, workspace: str,
-                         depth: int, given_items: tuple[tuple[int, int], ...]
+                         depth: int, given_items: tuple[tuple[int, int], ...],
+                         seeds: tuple[tuple[str, tuple[int, ...]], ...] = ()
                          ) -> Simulation | None:
     """:func:`_simulate_function`, once per body, held arguments, batch and workspace.
 
@@ -1545,7 +1563,7 @@ def _function_simulation(g: Graph, held: frozenset[int], batch_size: int, worksp
                     g.source) if held else g
     given = dict(given_items)
     try:
-        sizes = resolve_function(g, batch_size)
+        sizes = resolve_function(g, batch_size, seeds)
         nbytes = list(sizes.nbytes)
         for k, op in enumerate(g.ops):
             if op.type == "_LoopArg":
@@ -1697,10 +1715,12 @@ class _BodyCost:
     released: tuple[int, ...] = ()
     waits: tuple[tuple[int, int, int], ...] = ()
     partials: int = 0
+    overlap: int = 0
 
 
 def _body_cost(
-    body: LoopBody, batch_size: int, workspace: str, depth: int, arrivals: tuple[int, ...]
+    body: LoopBody, batch_size: int, workspace: str, depth: int, arrivals: tuple[int, ...],
+    seeds: tuple[tuple[tuple[str, tuple[int, ...]], ...], ...] = (),
 ) -> _BodyCost:
     """Transient peak of one iteration of a loop body, and what it computes ahead.
 
@@ -1708,19 +1728,25 @@ def _body_cost(
     buffers hold them) that the body's kernels may still overwrite in place, as
     TensorFlow forwards a loop variable nobody else holds (a gradient accumulator's
     ``AddN`` writes into it). ``arrivals`` are the schedule positions at which the loop's
-    inputs are produced, for :func:`_run_ahead`.
+    inputs are produced, for :func:`_run_ahead`. ``seeds``: the loop variables' known
+    values at the iterations to size (:func:`lmscore.shapes.loop_seeds`); the one with
+    the largest peak is taken.
     """
     if depth >= _MAX_LOOP_DEPTH:
         return _BodyCost()
     body = _running(body)
-    sim = _simulate_function(body.graph, frozenset(), batch_size, workspace, depth)
+    sims = [_simulate_function(body.graph, frozenset(), batch_size, workspace, depth,
+                               seeds=one) for one in seeds or ((),)]
+    sim = max((x for x in sims if x is not None), default=None,
+              key=lambda x: x.transient_peak_bytes)
     if sim is None:
         return _BodyCost()
     # the body's own buffers: kernel workspaces and a nested loop's results are not read
     # across the early/late boundary
-    ahead, since, early, released, waits, partials = _run_ahead(body, list(sim.buffers), arrivals)
+    ahead, since, early, released, waits, partials, overlap = _run_ahead(
+        body, list(sim.buffers), arrivals)
     return _BodyCost(max(sim.transient_peak_bytes, 0), ahead, since, early, released, waits,
-                     partials)
+                     partials, overlap)
 
 
 def _run_ahead(
@@ -1758,12 +1784,14 @@ def _run_ahead(
         part reads (when it can start), the number of early ops, the loop variables
         (popped lists) whose elements the early part releases, the waits within the
         early part: (arrival it starts at, arrival it waits for, bytes per iteration),
-        and the partials' bytes per iteration.
+        the partials' bytes per iteration, and the peak of the early part's own buffers
+        (the next iteration's, running beside this one: a micro-batch's activations when
+        only the accumulation of its gradients waits).
     """
     g = body.graph
     n = len(arrivals)
     if n == 0:
-        return 0, 0, 0, (), (), 0
+        return 0, 0, 0, (), (), 0, 0
     deps = [0] * len(g.ops)  # bit k: reads loop variable k
     for j in order(g).topo:
         if g.ops[j].type == "_LoopArg":
@@ -1851,8 +1879,18 @@ def _run_ahead(
         if b.bytes > 0 and not b.host and not b.scratch and b.producer >= n
         and any(r in accumulators and not deps[b.producer] & accumulators[r]
                 and not (early[b.producer] and not early[r]) for r in b.readers))
+    # The early part of the next iteration runs beside this one's: its own buffers (made
+    # and read by early ops: a micro-batch's activations when only the accumulation is
+    # late) at their peak, once
+    events: dict[int, int] = {}
+    for b in buffers:
+        if (b.bytes > 0 and not b.host and not b.scratch and b.producer >= n
+                and early[b.producer] and b.readers and all(early[r] for r in b.readers)):
+            events[b.first] = events.get(b.first, 0) + b.bytes
+            events[b.last + 1] = events.get(b.last + 1, 0) - b.bytes
+    overlap = max(accumulate(events[k] for k in sorted(events)), default=0)
     return (total, since, sum(early), tuple(released),
-            tuple((a, u, w) for (a, u), w in sorted(waits.items())), partials)
+            tuple((a, u, w) for (a, u), w in sorted(waits.items())), partials, max(overlap, 0))
 
 
 @functools.lru_cache(maxsize=64)

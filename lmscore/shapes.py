@@ -90,7 +90,9 @@ class Sizes:
 
 
 @gc_paused()
-def resolve(graph: Graph, batch_size: int) -> Sizes:
+def resolve(graph: Graph, batch_size: int,
+            seeds: Mapping[int, tuple[tuple[int, ...], tuple[int, ...]]] | None = None
+            ) -> Sizes:
     """Resolve every tensor's shape and bytes at ``batch_size``.
 
     Parameters
@@ -98,6 +100,9 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
     graph : Graph
     batch_size : int
         Positive batch size used for unknown batch dimensions.
+    seeds : mapping, optional
+        Known integer values (shape, flat values) of some ops' first output: a loop body's
+        arguments whose values the loop gives (:func:`resolve_function`).
 
     Returns
     -------
@@ -154,6 +159,8 @@ def resolve(graph: Graph, batch_size: int) -> Sizes:
     for i in ordering.topo:
         op = ops[i]
         specs = op.outputs
+        if seeds and i in seeds:
+            vals[(i, 0)] = seeds[i]
         known = complete.get(id(specs))
         if known is None:
             known = complete[id(specs)] = _recorded_sizes(specs)
@@ -1696,14 +1703,71 @@ def loop_body(graph: Graph, i: int, sizes_of_inputs: tuple[tuple[int, ...] | Non
     return _loop_body(graph.graphdef, key)
 
 
-def resolve_function(body: Graph, batch_size: int) -> Sizes:
+def resolve_function(body: Graph, batch_size: int,
+                     seeds: tuple[tuple[str, tuple[int, ...]], ...] = ()) -> Sizes:
     """:func:`resolve` of a function body (:func:`function_body`, :func:`loop_body`).
 
     Its arguments (``_LoopArg`` ops, of the caller's shapes) resolve as feeds would: an
-    unknown first dimension is the batch.
+    unknown first dimension is the batch. ``seeds``: ``(argument's name, flat values)``
+    of the small integer arguments whose values are known (:func:`loop_seeds`), shaped as
+    the argument is.
     """
+    known = {}
+    for name, flat in seeds:
+        k = body.index.get(name)
+        if k is None or body.ops[k].type != "_LoopArg":
+            continue
+        shape = body.ops[k].outputs[0].shape if body.ops[k].outputs else None
+        if shape is not None and -1 not in shape and math.prod(shape) == len(flat):
+            known[k] = (tuple(shape), tuple(flat))
     return resolve(body.replace([as_feed(op) if op.type == "_LoopArg" else op
-                                 for op in body.ops], body.source), batch_size)
+                                 for op in body.ops], body.source), batch_size, known)
+
+
+def loop_seeds(graph: Graph, i: int, body: LoopBody,
+               value_of: Callable[[tuple[int, int]], tuple[int, ...] | None]
+               ) -> tuple[tuple[tuple[str, tuple[int, ...]], ...], ...]:
+    """Known values of a ``While`` op's small integer loop variables, per iteration to size.
+
+    Those iterations are the first and, when the trip count is known, the last. A
+    variable the body passes on unchanged keeps the value it enters with (a micro-batch
+    size); a counter the body steps by a constant (``i + 1``) has its first value, then
+    its last. A body's slice ``x[i * m:(i + 1) * m]`` of a whole batch was sized as the
+    whole batch, every iteration: a gradient accumulated over 8 micro-batches in a
+    ``tf.while_loop`` simulated at 2.19 of measured. Sizes that grow or shrink with the
+    counter are largest at one end of the loop; the caller takes the larger.
+
+    Returns
+    -------
+    tuple
+        One seeds tuple (:func:`resolve_function`) per iteration to size; empty when
+        nothing is known.
+    """
+    ins = graph.adjacency.data_in[i]
+    fixed: list[tuple[str, tuple[int, ...]]] = []
+    counters: list[tuple[int, int, int]] = []
+    for k, kind in enumerate(body.kinds):
+        if k >= len(ins) or graph.ops[ins[k][0]].outputs[ins[k][1]].dtype not in (
+                "int32", "int64"):
+            continue
+        value = value_of(ins[k])
+        if value is None or len(value) > _MAX_VALUE:
+            continue
+        if kind == "pass":
+            fixed.append((body.graph.ops[k].name, tuple(value)))
+        elif kind == "carried" and len(value) == 1:
+            step = _counter_step(body, k)
+            if step:
+                counters.append((k, value[0], step))
+    trips = trip_count(graph, i, body, value_of) if counters else 0
+    if not trips:  # a counter's values unknown past its first: left to the batch
+        return (tuple(fixed),) if fixed else ()
+    names = [body.graph.ops[k].name for k, _, _ in counters]
+    first = (*fixed, *((n, (start,)) for n, (_, start, _) in zip(names, counters, strict=True)))
+    last = (*fixed, *((n, (start + (trips - 1) * step,))
+                      for n, (_, start, step) in zip(names, counters, strict=True)))
+    return (first,) if trips == 1 else (first, last)
+
 
 
 def as_feed(op: Op) -> Op:
@@ -1818,8 +1882,19 @@ def trip_count(graph: Graph, i: int, body: LoopBody | None,
     if j >= len(ins) or j >= len(body.returns) or not body.returns[j]:
         return 0
     start = value_of(ins[j])
+    step = _counter_step(body, j)
+    if start is None or len(start) != 1 or not step:
+        return 0
+    span = limit - start[0] + (step if inclusive else step - 1)
+    return max(0, span // step)
+
+
+def _counter_step(body: LoopBody, j: int) -> int:
+    """The positive constant loop variable ``j`` grows by each iteration (``j + 2``: 2), or 0."""
+    if j >= len(body.returns) or not body.returns[j]:
+        return 0
     step_op = body.graph.index.get(value_through(body.graph, body.returns[j]).rpartition(":")[0])
-    if start is None or len(start) != 1 or step_op is None:
+    if step_op is None:
         return 0
     op = body.graph.ops[step_op]
     arg = f"{body.graph.ops[j].name}:0"
@@ -1830,8 +1905,7 @@ def trip_count(graph: Graph, i: int, body: LoopBody | None,
         body.graph.ops[other].type == "Const") else None
     if not step or len(step) != 1 or not isinstance(step[0], int) or step[0] <= 0:
         return 0
-    span = limit - start[0] + (step[0] if inclusive else step[0] - 1)
-    return max(0, span // step[0])
+    return step[0]
 
 
 def _iterations_run(graph: Graph, tensor: tuple[int, int],

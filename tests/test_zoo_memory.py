@@ -61,6 +61,14 @@ def _check(name: str, batch: int | None = None) -> None:
         assert abs(_swapped_peak(graph, v, ONEDNN_SIBLINGS[name]) / v.measured_peak_bytes
                    - 1) <= TOLERANCE, v
         return
+    if v.ratio < 1 - TOLERANCE and abs(v.replayed_ratio - 1) <= 0.005:
+        # exact in the order the executor took, which its two threads draw anew in each
+        # session (sam_cnn: 0.932 in 2 sessions of a whole test run beside other work,
+        # replayed 1.000): the median of three sessions
+        ratios = sorted([v.ratio, *(validate(graph, batch or built.batch).ratio
+                                    for _ in range(2))])
+        assert ratios[1] >= 1 - TOLERANCE, (ratios, v)
+        return
     assert v.ratio >= 1 - TOLERANCE, v
 
 
@@ -445,3 +453,49 @@ def test_an_assign_keeps_the_value_it_assigns_as_the_variable():
     # the old buffer is held beside the value: counted from the op after the assign
     sim = simulate(graph, 64, workspace=v.kernel_library)
     assert [b.bytes for b in sim.buffers if b.tensor.endswith("/copy")] == [5 * 64 * 128 * 4]
+
+
+def test_gradient_accumulation_in_a_while_loop_sizes_one_micro_batch() -> None:
+    """A tape inside a ``tf.while_loop`` body over micro-batches ``x[i * m:(i + 1) * m]``:
+    the body's slice was sized as the whole batch, every iteration (1.95 of measured at
+    batch 256 over 4 micro-batches; the same step as a Python loop is exact). The loop's
+    counter and micro-batch size are known at its first and last iteration, the slice is
+    a view of the batch, and the next iteration's forward pass runs beside this one's on
+    the emulated accelerator (within the worst peak, three runs)."""
+    import tensorflow as tf
+
+    from lmscore.measure import measure
+    from lmscore.memory import simulate
+    from lmscore.tfgraph import graphdef_from_concrete_function
+    from lmscore.validate import EMULATION_THREADS
+
+    w1, w2 = zoo._weights(41, w1=(64, 128), w2=(128, 10))
+    opt = zoo._keras().optimizers.SGD(0.01)
+    opt.build([w1, w2])
+
+    def step(x, y):
+        m = tf.shape(x)[0] // 4
+
+        def body(i, total, a1, a2):
+            with tf.GradientTape() as tape:
+                h = tf.nn.relu(tf.matmul(x[i * m:(i + 1) * m], w1))
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    y[i * m:(i + 1) * m], tf.matmul(h, w2)))
+            g1, g2 = tape.gradient(loss, [w1, w2])
+            return i + 1, total + loss, a1 + g1, a2 + g2
+
+        _, total, a1, a2 = tf.while_loop(lambda i, *_: i < 4, body, (
+            0, 0.0, tf.zeros_like(w1), tf.zeros_like(w2)))
+        opt.apply_gradients(zip([a1 / 4, a2 / 4], [w1, w2], strict=True))
+        return total / 4
+
+    cf = tf.function(step).get_concrete_function(
+        tf.TensorSpec([None, 64]), tf.TensorSpec([None], tf.int32))
+    data = graphdef_from_concrete_function(cf)
+    graph = lmscore.from_graphdef_bytes(data, source="accumulation")
+    v = validate(graph, 256)
+    assert abs(v.replayed_ratio - 1) <= 0.01, v
+    worst = simulate(graph, 256, workspace=cpu_kernel_library()).worst_peak_bytes
+    for _ in range(3):
+        m = measure(data, 256, devices=2, inter_op_threads=EMULATION_THREADS)
+        assert m.peak_bytes["CPU:0"] + m.persistent_bytes.get("CPU:0", 0) <= worst
