@@ -1435,8 +1435,9 @@ def _loop_effects(
             # partial in as soon as both are enqueued; not measured on a GPU)
             race[p] = race.get(p, 0) + (limit - 1) * cost.partials
         if cost.overlap and limit > 1 and workspace in RELEASE_RACE_LIBRARIES:
-            # the next iteration's early part beside this one's, on the executor's threads
-            race[p] = race.get(p, 0) + cost.overlap
+            # the next iterations' early parts beside this one's, the window of them, on
+            # the executor's threads (one was counted, and a run held 1.08 of that)
+            race[p] = race.get(p, 0) + (limit - 1) * cost.overlap
         if cost.peak > 0:
             extra.append(Buffer(
                 f"{op.name}/body", cost.peak, lvl, lvl, i, (), scratch=True, first=p, last=p
@@ -1785,7 +1786,7 @@ def _run_ahead(
         (popped lists) whose elements the early part releases, the waits within the
         early part: (arrival it starts at, arrival it waits for, bytes per iteration),
         the partials' bytes per iteration, and the peak of the early part's own buffers
-        (the next iteration's, running beside this one: a micro-batch's activations when
+        (the next iterations', running beside this one: a micro-batch's activations when
         only the accumulation of its gradients waits).
     """
     g = body.graph
