@@ -1880,9 +1880,9 @@ def _run_ahead(
         if b.bytes > 0 and not b.host and not b.scratch and b.producer >= n
         and any(r in accumulators and not deps[b.producer] & accumulators[r]
                 and not (early[b.producer] and not early[r]) for r in b.readers))
-    # The early part of the next iteration runs beside this one's: its own buffers (made
-    # and read by early ops: a micro-batch's activations when only the accumulation is
-    # late) at their peak, once
+    # The early parts of the next iterations run beside this one's: the peak of their own
+    # buffers (made and read by early ops: a micro-batch's activations when only the
+    # accumulation is late), per iteration (the caller counts the window of them)
     events: dict[int, int] = {}
     for b in buffers:
         if (b.bytes > 0 and not b.host and not b.scratch and b.producer >= n
